@@ -1,0 +1,87 @@
+"""Builds a venv from a hash-pinned lock: the installer behind //third_party/python:python_env.bzl.
+
+Run by the base interpreter with the standard library only. Every package comes from the lock with its sha256
+(`pip --require-hashes --no-deps`): nothing else is resolved. Wheels are installed first; source-only packages
+(deepspeed) are then built without isolation against the torch just installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import venv
+
+PIP_NOISE = "is ignored: it is neither a file nor a directory"
+LOCK_LINE = re.compile(r"^(?P<name>[A-Za-z0-9._-]+)==\S+ --hash=sha256:[0-9a-f]{64}$")
+
+
+class EnvError(RuntimeError):
+    pass
+
+
+def split_lock(lock_path: str, sdist_packages: set[str]) -> tuple[list[str], list[str]]:
+    """(wheel lines, sdist lines); every line must be `name==version --hash=sha256:<64 hex>`."""
+    wheels, sdists = [], []
+    with open(lock_path) as f:
+        for number, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            match = LOCK_LINE.match(line)
+            if not match:
+                raise EnvError(f"{lock_path}:{number}: expected 'name==version --hash=sha256:<64 hex>', got '{line}'")
+            (sdists if match["name"].lower() in sdist_packages else wheels).append(line)
+    return wheels, sdists
+
+
+def pip_install(python: str, lines: list[str], lock_path: str, extra: list[str], env: dict[str, str]) -> None:
+    requirements = os.path.join(os.path.dirname(python), "..", "lock-part.txt")
+    with open(requirements, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    cmd = [sys.executable, "-m", "pip", "--python", python, "install", "--require-hashes", "--no-deps",
+           "--disable-pip-version-check", "--no-input", "--quiet", *extra, "-r", requirements]
+    result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+    if result.returncode == 0:
+        return
+    errors = "\n".join(line for line in result.stderr.splitlines() if PIP_NOISE not in line)
+    if "DO NOT MATCH THE HASHES" in errors:
+        raise EnvError(
+            f"a sha256 in {lock_path} does not match the file pip fetched:\n{errors}\n"
+            "If you changed the requirements, regenerate the lock: bash third_party/python/update_lock.sh; "
+            "otherwise the lock or the package index has been tampered with."
+        )
+    raise EnvError(f"pip install from {lock_path} failed (exit {result.returncode}):\n{errors}")
+
+
+def build_env(lock_path: str, venv_dir: str, sdist_packages: set[str]) -> None:
+    wheels, sdists = split_lock(lock_path, sdist_packages)
+    venv.EnvBuilder(with_pip=False, clear=True).create(venv_dir)
+    python = os.path.join(venv_dir, "bin", "python3")
+    pip_install(python, wheels, lock_path, ["--only-binary=:all:"], {})
+    if sdists:
+        pip_install(python, sdists, lock_path, ["--no-build-isolation"], {"DS_BUILD_OPS": "0"})
+    check = subprocess.run([sys.executable, "-m", "pip", "--python", python, "check"], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise EnvError(f"pip check found inconsistent requirements in {lock_path}:\n{check.stdout}{check.stderr}")
+    print(f"installed {len(wheels) + len(sdists)} packages from {lock_path} into {venv_dir}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lock", required=True)
+    parser.add_argument("--venv", required=True)
+    parser.add_argument("--sdist", action="append", default=[], help="package built from its source archive")
+    args = parser.parse_args()
+    try:
+        build_env(args.lock, args.venv, {name.lower() for name in args.sdist})
+    except EnvError as error:
+        print(f"python_env: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
