@@ -1,0 +1,21 @@
+"""Prompt datasets: loading parquet/jsonl prompt files, resumable seeded batching, and GSM8K preparation."""
+
+from rl.core.data.batching import BatchPosition, PromptBatch, batches_per_epoch, epoch_order, iter_batches
+from rl.core.data.errors import DataError
+from rl.core.data.loading import load_prompt_dataset
+from rl.core.data.readers import FILE_READERS
+from rl.core.data.records import ChatMessage, PromptDataset, PromptRecord
+
+__all__ = [
+    "FILE_READERS",
+    "BatchPosition",
+    "ChatMessage",
+    "DataError",
+    "PromptBatch",
+    "PromptDataset",
+    "PromptRecord",
+    "batches_per_epoch",
+    "epoch_order",
+    "iter_batches",
+    "load_prompt_dataset",
+]

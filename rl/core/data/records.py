@@ -1,0 +1,93 @@
+"""Typed prompt records and the dataset that holds them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from rl.core.data.errors import DataError
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One turn of a chat prompt."""
+
+    role: str
+    content: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+Prompt = str | tuple[ChatMessage, ...]
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One training prompt.
+
+    `prompt` is plain text or a tuple of chat messages; `answer` is the reference the reward function checks against;
+    `data_source` names the dataset (it can pick the reward function); `index` is the row's id within its source.
+    """
+
+    prompt: Prompt
+    answer: str
+    data_source: str
+    index: int
+
+    @property
+    def is_chat(self) -> bool:
+        return not isinstance(self.prompt, str)
+
+    def messages(self) -> list[dict[str, str]]:
+        """The prompt as chat messages; a plain-text prompt becomes a single user turn."""
+        if isinstance(self.prompt, str):
+            return [{"role": "user", "content": self.prompt}]
+        return [message.as_dict() for message in self.prompt]
+
+
+def parse_prompt(value: object, where: str) -> Prompt:
+    """Check a raw prompt cell: a non-empty string, or a non-empty list of {"role", "content"} string mappings."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise DataError(f"{where}: the prompt is an empty string; every row needs prompt text")
+        return value
+    if isinstance(value, list | tuple) and value:
+        return tuple(_parse_message(message, where, turn) for turn, message in enumerate(value))
+    raise DataError(
+        f"{where}: the prompt must be text or a non-empty list of chat messages "
+        f'[{{"role": ..., "content": ...}}], got {type(value).__name__} {value!r:.80}'
+    )
+
+
+def _parse_message(message: object, where: str, turn: int) -> ChatMessage:
+    if isinstance(message, Mapping):
+        role, content = message.get("role"), message.get("content")
+        if isinstance(role, str) and isinstance(content, str):
+            return ChatMessage(role=role, content=content)
+    raise DataError(
+        f'{where}: chat message {turn} must be a mapping with string "role" and "content", got {message!r:.80}'
+    )
+
+
+class PromptDataset:
+    """An immutable, non-empty sequence of `PromptRecord`s read from one or more files."""
+
+    def __init__(self, records: list[PromptRecord] | tuple[PromptRecord, ...], files: tuple[str, ...] = ()):
+        if not records:
+            named = ", ".join(files) or "(no files)"
+            raise DataError(f"the prompt dataset from {named} has no rows; pass files that hold at least one prompt")
+        self.records: tuple[PromptRecord, ...] = tuple(records)
+        self.files = files
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, position: int) -> PromptRecord:
+        return self.records[position]
+
+    def __iter__(self) -> Iterator[PromptRecord]:
+        return iter(self.records)
+
+    def __repr__(self) -> str:
+        return f"PromptDataset({len(self)} prompts from {', '.join(self.files) or 'memory'})"

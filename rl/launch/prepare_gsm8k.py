@@ -1,0 +1,47 @@
+"""Write GSM8K as the trainer's parquet files: train.parquet and validation.parquet under --output_dir.
+
+    python -m rl.launch.prepare_gsm8k --output_dir=~/data/gsm8k --input=~/downloads/gsm8k
+
+--input names a local folder holding GSM8K's train.jsonl and test.jsonl; without it the dataset is downloaded from
+the Hugging Face hub (`openai/gsm8k`, config `main`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags
+
+from rl.core.data.errors import DataError
+from rl.core.data.gsm8k import PrepareReport, read_gsm8k_dir, write_gsm8k
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("output_dir", None, "Folder to write train.parquet and validation.parquet into (~ expanded).")
+flags.DEFINE_string("input", None, "Local folder with train.jsonl and test.jsonl; omit to download from the hub.")
+flags.mark_flag_as_required("output_dir")
+
+
+def prepare(output_dir: str, input_dir: str | None = None) -> PrepareReport:
+    """Read GSM8K (from `input_dir`, or the hub when None) and write both splits under `output_dir`."""
+    if input_dir is None:
+        from rl.core.data.gsm8k_hub import load_gsm8k_from_hub
+
+        splits = load_gsm8k_from_hub()
+    else:
+        splits = read_gsm8k_dir(input_dir)
+    return write_gsm8k(splits, output_dir)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}; use --output_dir=DIR [--input=DIR]")
+    try:
+        report = prepare(FLAGS.output_dir, FLAGS.input)
+    except DataError as err:
+        print(f"prepare_gsm8k: {err}", file=sys.stderr)
+        sys.exit(1)
+    print(report.describe())
+
+
+if __name__ == "__main__":
+    app.run(main)
