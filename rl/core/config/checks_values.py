@@ -1,0 +1,170 @@
+"""Checks of single values: ranges and names, as a table of rules."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rl.core.config import choices
+from rl.core.config.defaults import get
+from rl.core.config.errors import Problems, did_you_mean
+from rl.core.config.schema import Config
+
+
+@dataclass(frozen=True)
+class Rule:
+    """`key` must satisfy `ok`; `requirement` completes "set it to ..." in the error."""
+
+    key: str
+    ok: Callable[[Any], bool]
+    requirement: str
+    names: Sequence[str] = ()
+    """Valid names, for a did-you-mean hint."""
+
+
+def at_least(key: str, low: float, what: str = "an integer") -> Rule:
+    return Rule(key, lambda v: v >= low, f"{what} >= {low:g}")
+
+
+def above(key: str, low: float) -> Rule:
+    return Rule(key, lambda v: v > low, f"a number > {low:g}")
+
+
+def within(key: str, low: float, high: float, low_open: bool = False) -> Rule:
+    bracket = "(" if low_open else "["
+    requirement = f"a number in {bracket}{low:g}, {high:g}]"
+    return Rule(key, lambda v: (low < v if low_open else low <= v) and v <= high, requirement)
+
+
+def one_of(key: str, names: Sequence[str]) -> Rule:
+    return Rule(key, lambda v: v in names, "one of: " + ", ".join(names), names)
+
+
+def optional(rule: Rule) -> Rule:
+    return Rule(rule.key, lambda v: v is None or rule.ok(v), f"null or {rule.requirement}", rule.names)
+
+
+def special_or_at_least_one(key: str, special: int, meaning: str) -> Rule:
+    return Rule(key, lambda v: v == special or v >= 1, f"{special} ({meaning}) or an integer >= 1")
+
+
+def interval(key: str) -> Rule:
+    return Rule(key, lambda v: v >= 0, "an integer >= 0 (0 turns it off)")
+
+
+_ALGO = "trainer.algorithm."
+_OPT = "trainer.policy.optimizer_config."
+_MEGATRON = "trainer.policy.megatron_config."
+_PLACE = "trainer.placement."
+
+RULES: tuple[Rule, ...] = (
+    one_of("trainer.strategy", choices.STRATEGIES),
+    one_of("trainer.kernels", choices.KERNELS),
+    *(
+        at_least(f"trainer.{name}", 1)
+        for name in (
+            "train_batch_size",
+            "policy_mini_batch_size",
+            "micro_train_batch_size_per_gpu",
+            "micro_forward_batch_size_per_gpu",
+            "epochs",
+        )
+    ),
+    optional(at_least("trainer.max_steps", 1)),
+    at_least("trainer.seed", 0),
+    *(interval(f"trainer.{name}") for name in ("ckpt_interval", "hf_save_interval", "eval_interval")),
+    *(at_least(_OPT + name, 0, "a number") for name in ("lr", "weight_decay", "max_grad_norm")),
+    at_least(_OPT + "lr_warmup_steps", 0),
+    special_or_at_least_one("trainer.policy.fsdp_config.fsdp_size", -1, "whole world"),
+    special_or_at_least_one("trainer.ref.fsdp_config.fsdp_size", -1, "whole world"),
+    at_least("trainer.policy.sequence_parallel_size", 1),
+    *(at_least(_MEGATRON + f"{name}_model_parallel_size", 1) for name in ("tensor", "pipeline", "expert")),
+    optional(one_of(_MEGATRON + "recompute_granularity", choices.RECOMPUTE_GRANULARITIES)),
+    *(
+        at_least(_PLACE + name, 1)
+        for name in ("policy_num_nodes", "policy_num_gpus_per_node", "ref_num_nodes", "ref_num_gpus_per_node")
+    ),
+    one_of(_ALGO + "advantage_estimator", choices.ADVANTAGE_ESTIMATORS),
+    one_of(_ALGO + "policy_loss_type", choices.POLICY_LOSSES),
+    one_of(_ALGO + "loss_reduction", choices.LOSS_REDUCTIONS),
+    one_of(_ALGO + "kl_estimator_type", choices.KL_ESTIMATORS),
+    *(
+        at_least(_ALGO + name, 0, "a number")
+        for name in ("eps_clip_low", "eps_clip_high", "kl_loss_coef", "entropy_loss_coef")
+    ),
+    above(_ALGO + "clip_ratio_c", 1),
+    within(_ALGO + "gamma", 0, 1),
+    within(_ALGO + "lambd", 0, 1),
+    one_of("generator.backend", choices.GENERATOR_BACKENDS),
+    *(
+        at_least(f"generator.{name}", 1)
+        for name in ("n_samples_per_prompt", "max_generate_length", "max_prompt_length", "eval_n_samples_per_prompt")
+    ),
+    above("generator.temperature", 0),
+    Rule("generator.eval_temperature", lambda v: v >= 0, "a number >= 0 (0 = greedy decoding)"),
+    within("generator.top_p", 0, 1, low_open=True),
+    special_or_at_least_one("generator.top_k", -1, "off"),
+)
+
+NON_EMPTY_STRINGS = (
+    "trainer.policy.model.path",
+    "trainer.ckpt_path",
+    "trainer.export_path",
+    "trainer.project_name",
+    "data.prompt_key",
+    "data.answer_key",
+    "data.reward_fn",
+)
+
+
+def check_rules(cfg: Config, problems: Problems) -> None:
+    for rule in RULES:
+        value = get(cfg, rule.key)
+        if (isinstance(value, float) and math.isnan(value)) or not rule.ok(value):
+            hint = did_you_mean(value, rule.names) if isinstance(value, str) and rule.names else ""
+            problems.add(rule.key, f"got {value!r}; set it to {rule.requirement}{hint}")
+
+
+def check_strings(cfg: Config, problems: Problems) -> None:
+    for key in NON_EMPTY_STRINGS:
+        if not get(cfg, key).strip():
+            problems.add(key, "is empty; set it to a non-empty string")
+    if cfg.trainer.run_name is not None and not cfg.trainer.run_name.strip():
+        problems.add("trainer.run_name", "is empty; set a name or null (derived from the time)")
+
+
+def check_lists(cfg: Config, problems: Problems) -> None:
+    loggers = cfg.trainer.logger
+    if not loggers:
+        problems.add("trainer.logger", "is empty; name at least one of: " + ", ".join(choices.LOGGERS))
+    for index, name in enumerate(loggers):
+        if name not in choices.LOGGERS:
+            valid = ", ".join(choices.LOGGERS)
+            hint = did_you_mean(name, choices.LOGGERS)
+            problems.add(f"trainer.logger[{index}]", f"unknown logger {name!r}; use any of: {valid}{hint}")
+    if len(set(loggers)) != len(loggers):
+        problems.add("trainer.logger", f"names a logger twice ({loggers}); list each once")
+    betas = cfg.trainer.policy.optimizer_config.betas
+    if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+        problems.add(_OPT + "betas", f'got {betas}; set it to two numbers in [0, 1), e.g. "[0.9, 0.999]"')
+    if not cfg.data.train_data:
+        problems.add("data.train_data", "is empty; give at least one file, e.g. data.train_data=\"['a.parquet']\"")
+    for key in ("data.train_data", "data.val_data"):
+        for index, path in enumerate(get(cfg, key)):
+            if not path.strip():
+                problems.add(f"{key}[{index}]", "is an empty path; remove it or give a file")
+
+
+def check_resume_mode(cfg: Config, problems: Problems) -> None:
+    mode = cfg.trainer.resume_mode
+    if mode in choices.RESUME_MODES or os.path.isdir(mode):
+        return
+    problems.add(
+        "trainer.resume_mode",
+        f"{mode!r} is neither {' nor '.join(choices.RESUME_MODES)} nor an existing "
+        f"checkpoint directory{did_you_mean(mode, choices.RESUME_MODES)}; fix the "
+        "path or use none / latest",
+    )

@@ -1,0 +1,20 @@
+"""The names a config may choose from, one tuple per choice.
+
+These mirror the registries that implement them (advantage estimators, losses, backends, ...). The config package
+keeps its own copy so it can reject a bad name before any of those modules is imported; a test of each registry is
+the place to check that it and this file agree.
+"""
+
+from __future__ import annotations
+
+STRATEGIES = ("fsdp", "fsdp2", "deepspeed", "megatron")
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce++", "gae")
+KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+POLICY_LOSSES = ("regular", "dual_clip", "gspo", "cispo")
+LOSS_REDUCTIONS = ("token_mean", "sequence_mean", "seq_mean_token_sum_norm")
+GENERATOR_BACKENDS = ("hf", "vllm")
+KERNELS = ("auto", "torch", "triton", "cuda")
+LOGGERS = ("console", "tensorboard", "wandb")
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RESUME_MODES = ("none", "latest")
+"""`trainer.resume_mode` is one of these or the path of a checkpoint directory."""

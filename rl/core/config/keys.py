@@ -1,0 +1,103 @@
+"""The key tree of the schema: which dotted keys exist, and what kind of value each holds."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from rl.core.config.errors import Problems, did_you_mean
+from rl.core.config.schema import Config
+
+
+class Kind(enum.Enum):
+    SECTION = "section"
+    """A nested dataclass: its keys are fixed."""
+    FREE = "free"
+    """A `dict[str, Any]` passed through to a library: any key below it is accepted."""
+    LEAF = "leaf"
+    """A typed value."""
+
+
+@dataclass(frozen=True)
+class Node:
+    kind: Kind
+    type: Any
+
+
+ROOT = Node(Kind.SECTION, Config)
+ANY = Node(Kind.LEAF, Any)
+"""What a key inside a free-form dict holds."""
+
+
+@functools.cache
+def fields_of(cls: type) -> dict[str, Any]:
+    """Field name -> resolved type annotation, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def node_of(tp: Any) -> Node:
+    if dataclasses.is_dataclass(tp):
+        return Node(Kind.SECTION, tp)
+    if typing.get_origin(tp) is dict:
+        return Node(Kind.FREE, tp)
+    return Node(Kind.LEAF, tp)
+
+
+@functools.cache
+def all_keys() -> tuple[str, ...]:
+    """Every dotted key of the schema, sections included."""
+    found: list[str] = []
+
+    def walk(cls: type, prefix: str) -> None:
+        for name, tp in fields_of(cls).items():
+            key = prefix + name
+            found.append(key)
+            if dataclasses.is_dataclass(tp):
+                walk(tp, key + ".")
+
+    walk(Config, "")
+    return tuple(found)
+
+
+def unknown_key_message(key: str, parent: str, cls: type) -> str:
+    where = f"under {parent}" if parent else "at the top level"
+    valid = ", ".join(fields_of(cls))
+    return f"unknown key{did_you_mean(key, all_keys())}; valid keys {where}: {valid}"
+
+
+def lookup(key: str, problems: Problems) -> Node | None:
+    """The node a dotted key names, or None after adding a problem that says what is wrong with the key."""
+    segments = key.split(".")
+    if not all(segments):
+        problems.add(key, "malformed key (empty part between dots); write it like trainer.algorithm.kl_loss_coef")
+        return None
+    node = ROOT
+    for depth, segment in enumerate(segments):
+        parent = ".".join(segments[:depth])
+        if node.kind is Kind.FREE:
+            return ANY
+        if node.kind is Kind.LEAF:
+            problems.add(
+                key, f"{parent} is a single value, not a section, so it has no key '{segment}'; set {parent} itself"
+            )
+            return None
+        fields = fields_of(node.type)
+        if segment not in fields:
+            problems.add(key, unknown_key_message(key, parent, node.type))
+            return None
+        node = node_of(fields[segment])
+    return node
+
+
+def accepts_str(tp: Any) -> bool:
+    """Whether a leaf of this type takes a string (str, str | None, list[str]); free-form values do not."""
+    if tp is str:
+        return True
+    if typing.get_origin(tp) is list:
+        return accepts_str(typing.get_args(tp)[0])
+    return str in typing.get_args(tp)

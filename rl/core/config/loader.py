@@ -1,0 +1,126 @@
+"""Building a Config: defaults.yaml < user YAML file < key=value overrides < --strategy, then validation."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from rl.core.config.convert import build, to_dict
+from rl.core.config.defaults import default_tree
+from rl.core.config.errors import ConfigError, Problems
+from rl.core.config.keys import lookup
+from rl.core.config.merge import set_key
+from rl.core.config.nemo_compat import split_file, translate
+from rl.core.config.overrides import parse_value, split_override
+from rl.core.config.schema import Config
+from rl.core.config.validate import collect_problems
+from rl.core.config.yaml_io import dump_yaml, read_yaml, write_atomic
+
+PATH_KEYS = (
+    "data.train_data",
+    "data.val_data",
+    "trainer.ckpt_path",
+    "trainer.export_path",
+    "trainer.policy.model.path",
+    "trainer.resume_mode",
+)
+"""Keys whose values (a path or a list of paths) get `~` expanded."""
+
+
+def load_config(overrides: Sequence[str] = (), config_file: str | None = None, strategy: str | None = None) -> Config:
+    """The validated config of a run.
+
+    Layers, each over the one before: rl/core/config/defaults.yaml; `config_file` (a YAML mapping with the same
+    nested keys, NeMo RL keys accepted); `overrides` (`key=value`, the value read as YAML, so lists are written
+    `"['a','b']"`); `strategy` (the `--strategy` flag, which wins over trainer.strategy). Then `~` in paths is
+    expanded and every check runs; all problems are raised together as one ConfigError.
+    """
+    problems = Problems()
+    tree = default_tree()
+    if config_file is not None:
+        _apply_file(tree, config_file, problems)
+    _apply_overrides(tree, overrides, problems)
+    if strategy is not None:
+        set_key(tree, "trainer.strategy", strategy, problems)
+    _expand_paths(tree)
+    return _build_checked(tree, problems)
+
+
+def config_from_dict(data: Mapping[str, Any], validate: bool = True) -> Config:
+    """A Config from a complete nested mapping (as `config_to_dict` returns). Every key must be present and known;
+    types are checked, and with `validate` every value check runs too."""
+    problems = Problems()
+    cfg = build(Config, data, "", problems)
+    if cfg is not None and validate:
+        problems.lines.extend(collect_problems(cfg))
+    problems.raise_if_any()
+    return cfg
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as plain nested dicts and lists (a deep copy)."""
+    return to_dict(cfg)
+
+
+def save_config(cfg: Config, path: str) -> None:
+    """Write the resolved config as YAML, atomically (a temporary file, then a rename). It loads back equal with
+    `load_config([], config_file=path)`."""
+    write_atomic(path, dump_yaml(config_to_dict(cfg)))
+
+
+def _apply_file(tree: dict[str, Any], path: str, problems: Problems) -> None:
+    try:
+        data = read_yaml(path)
+    except OSError as exc:
+        raise ConfigError([f"config file {path}: cannot be read ({exc.strerror}); check the path"]) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"config file {path}: is not valid YAML ({exc}); fix the syntax"]) from exc
+    if data is None:
+        return
+    if not isinstance(data, Mapping):
+        problems.add(f"config file {path}", "must hold a mapping of sections (trainer:, generator:, data:, ...)")
+        return
+    native, nemo_items = split_file(data)
+    for name, value in native.items():
+        set_key(tree, str(name), value, problems)
+    for key, value in translate(nemo_items, problems):
+        set_key(tree, key, value, problems)
+
+
+def _apply_overrides(tree: dict[str, Any], overrides: Sequence[str], problems: Problems) -> None:
+    if isinstance(overrides, str):
+        raise TypeError("load_config takes a list of key=value strings, not one string")
+    split = [override for text in overrides if (override := split_override(text, problems)) is not None]
+    for key, raw in translate([(override.key, override.raw) for override in split], problems):
+        node = lookup(key, problems)
+        if node is None:
+            continue
+        ok, value = parse_value(key, raw, node, problems)
+        if ok:
+            set_key(tree, key, value, problems)
+
+
+def _expand_paths(tree: dict[str, Any]) -> None:
+    for key in PATH_KEYS:
+        *parents, last = key.split(".")
+        holder: Any = tree
+        for segment in parents:
+            holder = holder.get(segment) if isinstance(holder, dict) else None
+        if not isinstance(holder, dict):
+            continue
+        value = holder.get(last)
+        if isinstance(value, str):
+            holder[last] = os.path.expanduser(value)
+        elif isinstance(value, list):
+            holder[last] = [os.path.expanduser(item) if isinstance(item, str) else item for item in value]
+
+
+def _build_checked(tree: dict[str, Any], problems: Problems) -> Config:
+    cfg = build(Config, tree, "", problems)
+    if cfg is not None:
+        problems.lines.extend(collect_problems(cfg))
+    problems.raise_if_any()
+    return cfg

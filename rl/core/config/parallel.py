@@ -1,0 +1,47 @@
+"""World and data-parallel sizes implied by a config (used by validation and by the backends)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rl.core.config.schema import Config
+
+
+@dataclass(frozen=True)
+class ParallelSizes:
+    world: int
+    """policy_num_nodes * policy_num_gpus_per_node."""
+    data_parallel: int
+    """Ranks that see different data: world / sequence_parallel_size, or world / (TP * PP) for megatron."""
+    how: str
+    """How data_parallel was derived, for error messages."""
+
+
+def policy_world_size(cfg: Config) -> int:
+    placement = cfg.trainer.placement
+    return placement.policy_num_nodes * placement.policy_num_gpus_per_node
+
+
+def ref_world_size(cfg: Config) -> int:
+    placement = cfg.trainer.placement
+    return placement.ref_num_nodes * placement.ref_num_gpus_per_node
+
+
+def model_parallel_size(cfg: Config) -> tuple[int, str]:
+    """(ranks that share one data shard, description) for the configured strategy."""
+    if cfg.trainer.strategy == "megatron":
+        mc = cfg.trainer.policy.megatron_config
+        return mc.tensor_model_parallel_size * mc.pipeline_model_parallel_size, (
+            f"TP {mc.tensor_model_parallel_size} * PP {mc.pipeline_model_parallel_size}"
+        )
+    size = cfg.trainer.policy.sequence_parallel_size
+    return size, f"sequence_parallel_size {size}"
+
+
+def parallel_sizes(cfg: Config) -> ParallelSizes | None:
+    """The sizes, or None when the model-parallel size does not divide the world (validation reports that)."""
+    world = policy_world_size(cfg)
+    group, how = model_parallel_size(cfg)
+    if world < 1 or group < 1 or world % group:
+        return None
+    return ParallelSizes(world=world, data_parallel=world // group, how=f"world {world} / {how}")

@@ -1,0 +1,290 @@
+"""The typed config tree. Each field's docstring is its reference documentation.
+
+The dataclasses carry types; every value, defaults included, comes from `defaults.yaml` (a test checks that the two
+name the same keys). Build a `Config` with `load_config` or `config_from_dict`, which check types and values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rl.core.config.schema_backends import DeepSpeedConfig, FSDPConfig, MegatronConfig
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Where a model's weights come from."""
+
+    path: str
+    """Hugging Face model id or local directory of the policy (and reference) model. `~` is expanded."""
+
+
+@dataclass(kw_only=True)
+class OptimizerConfig:
+    """AdamW settings of the policy."""
+
+    lr: float
+    """Peak learning rate, >= 0 (0 runs the whole loop without changing the weights)."""
+
+    weight_decay: float
+    """Decoupled weight decay, >= 0."""
+
+    max_grad_norm: float
+    """Clip the global gradient norm to this value; 0 turns clipping off."""
+
+    betas: list[float]
+    """AdamW's (beta1, beta2), each in [0, 1)."""
+
+    lr_warmup_steps: int
+    """Optimizer steps of linear warm-up from 0 to `lr`; 0 starts at `lr`."""
+
+
+@dataclass(kw_only=True)
+class PolicyConfig:
+    """The trained model and the settings of every backend for it."""
+
+    model: ModelConfig
+    """The policy's weights."""
+
+    optimizer_config: OptimizerConfig
+    """Optimizer and learning-rate schedule."""
+
+    fsdp_config: FSDPConfig
+    """Strategies `fsdp` and `fsdp2` only."""
+
+    sequence_parallel_size: int
+    """Ulysses sequence-parallel size for `fsdp`, `fsdp2` and `deepspeed`: each sequence is split over this many
+    ranks, and the data-parallel size is world / sequence_parallel_size. Must be 1 with `megatron` (use
+    `megatron_config` there)."""
+
+    megatron_config: MegatronConfig
+    """Strategy `megatron` only."""
+
+
+@dataclass(kw_only=True)
+class RefConfig:
+    """The frozen reference model used for the KL term; it loads the policy's initial weights."""
+
+    fsdp_config: FSDPConfig
+    """Strategies `fsdp` and `fsdp2` only. CPU offload is allowed here with either."""
+
+
+@dataclass(kw_only=True)
+class PlacementConfig:
+    """How many nodes and devices each model gets. On CPU one "GPU" is one worker process."""
+
+    colocate_all: bool
+    """Put the policy, the reference model and the generator on the same devices and take turns. Needs the same
+    placement for policy and reference."""
+
+    policy_num_nodes: int
+    """Nodes of the policy's training group."""
+
+    policy_num_gpus_per_node: int
+    """Devices per node of the policy's training group. The world size of every parallelism rule is
+    policy_num_nodes * policy_num_gpus_per_node."""
+
+    ref_num_nodes: int
+    """Nodes of the reference model's group."""
+
+    ref_num_gpus_per_node: int
+    """Devices per node of the reference model's group."""
+
+
+@dataclass(kw_only=True)
+class AlgorithmConfig:
+    """Advantage estimation and the loss."""
+
+    advantage_estimator: str
+    """One of `grpo`, `rloo`, `reinforce++`, `gae`. `grpo` and `rloo` compare samples of the same prompt, so they
+    need generator.n_samples_per_prompt >= 2."""
+
+    grpo_norm_by_std: bool
+    """GRPO: divide each group's centred rewards by the group's standard deviation."""
+
+    policy_loss_type: str
+    """One of `regular` (PPO clip), `dual_clip`, `gspo`, `cispo`."""
+
+    loss_reduction: str
+    """One of `token_mean`, `sequence_mean`, `seq_mean_token_sum_norm`; normalized over the whole mini-batch."""
+
+    eps_clip_low: float
+    """Lower clip range of the importance ratio: ratios below 1 - eps_clip_low are clipped. >= 0."""
+
+    eps_clip_high: float
+    """Upper clip range of the importance ratio: ratios above 1 + eps_clip_high are clipped. >= 0."""
+
+    clip_ratio_c: float
+    """Dual-clip bound for negative advantages (policy_loss_type `dual_clip`); must be > 1."""
+
+    use_kl_loss: bool
+    """Add a KL penalty against the reference model to the loss."""
+
+    kl_loss_coef: float
+    """Weight of the KL penalty, >= 0."""
+
+    kl_estimator_type: str
+    """KL estimator: one of `k1`, `k2`, `k3`, `abs`."""
+
+    use_entropy_loss: bool
+    """Add an entropy bonus to the loss."""
+
+    entropy_loss_coef: float
+    """Weight of the entropy bonus, >= 0."""
+
+    gamma: float
+    """Discount factor in [0, 1] (`gae`, `reinforce++`)."""
+
+    lambd: float
+    """GAE lambda in [0, 1]."""
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    """The training loop, its batch sizes, and the policy, reference and placement blocks."""
+
+    strategy: str
+    """Training backend: `fsdp`, `fsdp2`, `deepspeed` or `megatron`. The `--strategy` flag overrides it."""
+
+    kernels: str
+    """Kernel implementation: `auto` (fastest available on the device), `torch`, `triton` or `cuda`."""
+
+    use_sample_packing: bool
+    """Pack sequences into flat micro-batches (no padding); `false` pads each micro-batch instead."""
+
+    train_batch_size: int
+    """Prompts per training step (one rollout batch). Must be a multiple of policy_mini_batch_size."""
+
+    policy_mini_batch_size: int
+    """Prompts per optimizer step. policy_mini_batch_size * n_samples_per_prompt sequences must split evenly into
+    micro-batches over data-parallel ranks: a multiple of micro_train_batch_size_per_gpu * data-parallel size."""
+
+    micro_train_batch_size_per_gpu: int
+    """Sequences per forward/backward pass on one device (gradients are accumulated over micro-batches)."""
+
+    micro_forward_batch_size_per_gpu: int
+    """Sequences per forward-only pass (old and reference log-probabilities) on one device."""
+
+    epochs: int
+    """Passes over the training data."""
+
+    max_steps: int | None
+    """Stop after this many training steps; `null` runs all `epochs`."""
+
+    gradient_checkpointing: bool
+    """Recompute activations in backward to save memory (HF models; Megatron uses recompute_granularity)."""
+
+    seed: int
+    """Seed of every random generator (data order, sampling, initialization), >= 0."""
+
+    policy: PolicyConfig
+    """The trained model."""
+
+    ref: RefConfig
+    """The reference model."""
+
+    placement: PlacementConfig
+    """Nodes and devices."""
+
+    algorithm: AlgorithmConfig
+    """Advantages and loss."""
+
+    ckpt_interval: int
+    """Save a resumable checkpoint every this many steps; 0 never saves."""
+
+    hf_save_interval: int
+    """Export Hugging Face weights every this many steps; 0 never exports."""
+
+    eval_interval: int
+    """Evaluate on data.val_data every this many steps; 0 never evaluates during training."""
+
+    eval_before_train: bool
+    """Evaluate once before the first training step."""
+
+    resume_mode: str
+    """`none` starts fresh, `latest` resumes the newest complete checkpoint in ckpt_path (fresh if none), any other
+    value is the path of a checkpoint directory to resume, which must exist."""
+
+    ckpt_path: str
+    """Directory of resumable checkpoints. `~` is expanded."""
+
+    export_path: str
+    """Directory of exported Hugging Face weights. `~` is expanded."""
+
+    logger: list[str]
+    """Metric sinks: any of `console`, `tensorboard`, `wandb`. A single name is accepted for a one-item list."""
+
+    project_name: str
+    """Project name for the loggers."""
+
+    run_name: str | None
+    """Run name for the loggers; `null` derives one from the time."""
+
+
+@dataclass(kw_only=True)
+class GeneratorConfig:
+    """Rollout generation."""
+
+    backend: str
+    """Generation engine: `hf` (transformers' generate) or `vllm`."""
+
+    n_samples_per_prompt: int
+    """Completions sampled per training prompt, >= 1 (>= 2 for `grpo` and `rloo`)."""
+
+    temperature: float
+    """Sampling temperature for training rollouts, > 0 (log-probabilities are taken at this temperature)."""
+
+    top_p: float
+    """Nucleus sampling mass, in (0, 1]; 1 turns it off."""
+
+    top_k: int
+    """Sample from the k most likely tokens; -1 turns it off."""
+
+    max_generate_length: int
+    """Most new tokens per completion, >= 1."""
+
+    max_prompt_length: int
+    """Most prompt tokens; longer prompts are truncated. >= 1."""
+
+    eval_n_samples_per_prompt: int
+    """Completions per evaluation prompt, >= 1."""
+
+    eval_temperature: float
+    """Sampling temperature for evaluation, >= 0; 0 means greedy decoding."""
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Datasets and the reward."""
+
+    train_data: list[str]
+    """Training files (parquet or jsonl); at least one. `~` is expanded. A single path is accepted."""
+
+    val_data: list[str]
+    """Evaluation files; may be empty (no evaluation). `~` is expanded."""
+
+    prompt_key: str
+    """Column holding the prompt."""
+
+    answer_key: str
+    """Column holding the reference answer given to the reward function."""
+
+    reward_fn: str
+    """Name of the reward function."""
+
+
+@dataclass(kw_only=True)
+class Config:
+    """The whole run's configuration."""
+
+    trainer: TrainerConfig
+    """Training loop, backend and algorithm."""
+
+    generator: GeneratorConfig
+    """Rollout generation."""
+
+    data: DataConfig
+    """Datasets and reward."""
+
+    deepspeed_config: DeepSpeedConfig
+    """Strategy `deepspeed` only."""

@@ -1,0 +1,122 @@
+"""The packaged defaults: they load, validate, agree with the dataclasses, and every field is documented."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+import typing
+
+import yaml
+
+from rl.core.config import DEFAULTS_PATH, Config, config_to_dict, load_config, parallel_sizes, schema, schema_backends
+
+
+def _schema_keys(cls: type, prefix: str = "") -> set[str]:
+    keys: set[str] = set()
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        key = prefix + field.name
+        keys.add(key)
+        if dataclasses.is_dataclass(hints[field.name]):
+            keys |= _schema_keys(hints[field.name], key + ".")
+    return keys
+
+
+def _yaml_keys(data: dict, prefix: str = "", free: frozenset[str] = frozenset()) -> set[str]:
+    keys: set[str] = set()
+    for name, value in data.items():
+        key = prefix + name
+        keys.add(key)
+        if isinstance(value, dict) and key not in free:
+            keys |= _yaml_keys(value, key + ".", free)
+    return keys
+
+
+def _free_dict_keys() -> frozenset[str]:
+    free = {
+        "trainer.policy.megatron_config.transformer_config_kwargs",
+        "deepspeed_config.train",
+        "deepspeed_config.eval",
+    }
+    return frozenset(free)
+
+
+def test_defaults_load_and_validate():
+    cfg = load_config([])
+    assert isinstance(cfg, Config)
+
+
+def test_yaml_and_dataclasses_name_the_same_keys():
+    with open(DEFAULTS_PATH, encoding="utf-8") as handle:
+        data = yaml.safe_load(handle)
+    from_yaml = _yaml_keys(data, free=_free_dict_keys())
+    from_schema = _schema_keys(Config)
+    assert from_schema - from_yaml == set(), "dataclass fields without a default in defaults.yaml"
+    assert from_yaml - from_schema == set(), "defaults.yaml keys without a dataclass field"
+
+
+def test_dataclasses_carry_no_default_values():
+    def walk(cls: type) -> None:
+        hints = typing.get_type_hints(cls)
+        for field in dataclasses.fields(cls):
+            assert field.default is dataclasses.MISSING, f"{cls.__name__}.{field.name} has a default in Python"
+            assert field.default_factory is dataclasses.MISSING, f"{cls.__name__}.{field.name} has a default factory"
+            if dataclasses.is_dataclass(hints[field.name]):
+                walk(hints[field.name])
+
+    walk(Config)
+
+
+def test_every_field_has_a_docstring():
+    for module in (schema, schema_backends):
+        with open(module.__file__, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+        for cls in (node for node in tree.body if isinstance(node, ast.ClassDef)):
+            body = cls.body
+            for index, stmt in enumerate(body):
+                if isinstance(stmt, ast.AnnAssign):
+                    following = body[index + 1] if index + 1 < len(body) else None
+                    documented = isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                    assert documented, f"{cls.name}.{stmt.target.id} in {os.path.basename(module.__file__)} has no doc"
+
+
+def test_defaults_match_the_documented_values():
+    cfg = load_config([])
+    algorithm = cfg.trainer.algorithm
+    assert cfg.trainer.strategy == "fsdp2"
+    assert cfg.trainer.use_sample_packing is True
+    assert cfg.trainer.kernels == "auto"
+    assert cfg.trainer.eval_before_train is True
+    assert cfg.trainer.logger == ["console"]
+    assert cfg.trainer.resume_mode == "none"
+    assert cfg.generator.backend == "hf"
+    assert (algorithm.advantage_estimator, algorithm.grpo_norm_by_std) == ("grpo", True)
+    assert (algorithm.policy_loss_type, algorithm.loss_reduction) == ("regular", "token_mean")
+    assert (algorithm.eps_clip_low, algorithm.eps_clip_high, algorithm.clip_ratio_c) == (0.2, 0.2, 3.0)
+    assert (algorithm.use_kl_loss, algorithm.kl_loss_coef, algorithm.kl_estimator_type) == (True, 0.001, "k3")
+    assert (algorithm.use_entropy_loss, algorithm.entropy_loss_coef) == (False, 0.01)
+    assert (algorithm.gamma, algorithm.lambd) == (1.0, 1.0)
+    assert (cfg.data.prompt_key, cfg.data.answer_key, cfg.data.reward_fn) == ("prompt", "answer", "gsm8k")
+    assert cfg.trainer.policy.fsdp_config.fsdp_size == -1
+    assert cfg.deepspeed_config.train == {} and cfg.deepspeed_config.eval == {}
+
+
+def test_default_paths_are_expanded():
+    cfg = load_config([])
+    for path in [*cfg.data.train_data, *cfg.data.val_data, cfg.trainer.ckpt_path, cfg.trainer.export_path]:
+        assert not path.startswith("~"), path
+
+
+def test_default_types_are_exact():
+    data = config_to_dict(load_config([]))
+    assert type(data["trainer"]["seed"]) is int
+    assert type(data["trainer"]["policy"]["optimizer_config"]["lr"]) is float
+    assert type(data["generator"]["top_p"]) is float
+    assert data["trainer"]["run_name"] is None
+
+
+def test_default_parallel_sizes():
+    sizes = parallel_sizes(load_config([]))
+    assert sizes is not None
+    assert (sizes.world, sizes.data_parallel) == (1, 1)

@@ -1,0 +1,349 @@
+"""Bad configs fail at load time with a ConfigError whose line names the offending key and the fix."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+
+import pytest
+
+from rl.core.config import ConfigError, load_config
+
+WORLD_4 = ["trainer.placement.policy_num_gpus_per_node=4", "trainer.placement.ref_num_gpus_per_node=4"]
+MEGATRON = "trainer.policy.megatron_config."
+
+
+@dataclass(frozen=True)
+class Bad:
+    overrides: list[str]
+    key: str
+    """The key the problem line must start with."""
+    fragments: tuple[str, ...] = ()
+    """Text the same line must contain (suggestions, fixes)."""
+    strategy: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+BAD = {
+    # unknown keys, with suggestions
+    "unknown_top_level": Bad(["trainr.seed=1"], "trainr.seed", ("did you mean 'trainer.seed'?",)),
+    "unknown_nested": Bad(
+        ["trainer.polcy.optimizer_config.lr=1e-6"],
+        "trainer.polcy.optimizer_config.lr",
+        ("did you mean 'trainer.policy.optimizer_config.lr'?",),
+    ),
+    "unknown_leaf": Bad(
+        ["generator.temprature=0.7"],
+        "generator.temprature",
+        ("did you mean 'generator.temperature'?", "valid keys under generator"),
+    ),
+    "unknown_algorithm_key": Bad(
+        ["trainer.algorithm.eps_clip=0.1"], "trainer.algorithm.eps_clip", ("did you mean 'trainer.algorithm.eps_clip_",)
+    ),
+    "key_below_a_leaf": Bad(["trainer.seed.value=1"], "trainer.seed.value", ("trainer.seed is a single value",)),
+    "section_given_a_value": Bad(["trainer.policy=3"], "trainer.policy", ("is a section",)),
+    "not_key_value": Bad(["trainer.seed"], "trainer.seed", ("not a key=value override",)),
+    # wrong types
+    "int_given_text": Bad(["trainer.seed=abc"], "trainer.seed", ("expected an integer", "'abc'")),
+    "int_given_float": Bad(["trainer.seed=1.5"], "trainer.seed", ("expected an integer",)),
+    "int_given_bool": Bad(["trainer.epochs=true"], "trainer.epochs", ("expected an integer",)),
+    "float_given_list": Bad(
+        ["trainer.algorithm.eps_clip_low=[1]"], "trainer.algorithm.eps_clip_low", ("expected a number",)
+    ),
+    "bool_given_maybe": Bad(
+        ["trainer.use_sample_packing=maybe"], "trainer.use_sample_packing", ("expected true or false", "'maybe'")
+    ),
+    "list_given_mapping": Bad(["data.train_data={a: 1}"], "data.train_data", ("expected a list",)),
+    # out of range
+    "negative_lr": Bad(["trainer.policy.optimizer_config.lr=-1e-5"], "trainer.policy.optimizer_config.lr", (">= 0",)),
+    "negative_eps_clip": Bad(["trainer.algorithm.eps_clip_low=-0.1"], "trainer.algorithm.eps_clip_low", (">= 0",)),
+    "zero_temperature": Bad(["generator.temperature=0"], "generator.temperature", ("> 0",)),
+    "zero_top_p": Bad(["generator.top_p=0"], "generator.top_p", ("(0, 1]",)),
+    "top_p_above_one": Bad(["generator.top_p=1.01"], "generator.top_p", ("(0, 1]",)),
+    "zero_top_k": Bad(["generator.top_k=0"], "generator.top_k", ("-1 (off)",)),
+    "zero_samples": Bad(["generator.n_samples_per_prompt=0"], "generator.n_samples_per_prompt", (">= 1",)),
+    "zero_generate_length": Bad(["generator.max_generate_length=0"], "generator.max_generate_length", (">= 1",)),
+    "negative_prompt_length": Bad(["generator.max_prompt_length=-5"], "generator.max_prompt_length", (">= 1",)),
+    "negative_kl_coef": Bad(
+        ["trainer.algorithm.use_kl_loss=true", "trainer.algorithm.kl_loss_coef=-0.1"],
+        "trainer.algorithm.kl_loss_coef",
+        (">= 0",),
+    ),
+    "dual_clip_bound_not_above_one": Bad(
+        ["trainer.algorithm.clip_ratio_c=1.0"], "trainer.algorithm.clip_ratio_c", ("> 1",)
+    ),
+    "gamma_above_one": Bad(["trainer.algorithm.gamma=1.5"], "trainer.algorithm.gamma", ("[0, 1]",)),
+    "zero_max_steps": Bad(["trainer.max_steps=0"], "trainer.max_steps", ("null or",)),
+    "short_betas": Bad(
+        ["trainer.policy.optimizer_config.betas=[0.9]"],
+        "trainer.policy.optimizer_config.betas",
+        ("two numbers in [0, 1)",),
+    ),
+    "empty_train_data": Bad(["data.train_data=[]"], "data.train_data", ("at least one",)),
+    # unknown names
+    "unknown_strategy": Bad(["trainer.strategy=fsdp3"], "trainer.strategy", ("fsdp, fsdp2, deepspeed, megatron",)),
+    "unknown_strategy_flag": Bad([], "trainer.strategy", ("did you mean 'megatron'?",), strategy="megatorn"),
+    "unknown_estimator": Bad(
+        ["trainer.algorithm.advantage_estimator=grpoo"],
+        "trainer.algorithm.advantage_estimator",
+        ("did you mean 'grpo'?",),
+    ),
+    "unknown_kl_estimator": Bad(
+        ["trainer.algorithm.kl_estimator_type=k4"], "trainer.algorithm.kl_estimator_type", ("k1, k2, k3, abs",)
+    ),
+    "unknown_policy_loss": Bad(
+        ["trainer.algorithm.policy_loss_type=dualclip"],
+        "trainer.algorithm.policy_loss_type",
+        ("did you mean 'dual_clip'?",),
+    ),
+    "unknown_reduction": Bad(
+        ["trainer.algorithm.loss_reduction=seq_mean"],
+        "trainer.algorithm.loss_reduction",
+        ("token_mean, sequence_mean, seq_mean_token_sum_norm",),
+    ),
+    "unknown_kernels": Bad(["trainer.kernels=cutlass"], "trainer.kernels", ("auto, torch, triton, cuda",)),
+    "unknown_logger": Bad(["trainer.logger=[console, wandbb]"], "trainer.logger[1]", ("did you mean 'wandb'?",)),
+    "unknown_backend": Bad(["generator.backend=sglang"], "generator.backend", ("hf, vllm",)),
+    "unknown_resume_mode": Bad(["trainer.resume_mode=lastest"], "trainer.resume_mode", ("did you mean 'latest'?",)),
+    "unknown_recompute": Bad(
+        ["trainer.strategy=megatron", MEGATRON + "recompute_granularity=partial"],
+        MEGATRON + "recompute_granularity",
+        ("full, selective",),
+    ),
+    # combinations
+    "train_batch_not_multiple_of_mini": Bad(
+        ["trainer.train_batch_size=20"], "trainer.train_batch_size", ("policy_mini_batch_size=16",)
+    ),
+    "mini_batch_not_split_by_micro": Bad(
+        ["trainer.micro_train_batch_size_per_gpu=5"], "trainer.policy_mini_batch_size", ("= 64 sequences", "= 5")
+    ),
+    "mini_batch_not_split_over_dp": Bad(
+        [
+            *WORLD_4,
+            "trainer.policy_mini_batch_size=2",
+            "trainer.train_batch_size=16",
+            "generator.n_samples_per_prompt=2",
+            "trainer.micro_train_batch_size_per_gpu=2",
+        ],
+        "trainer.policy_mini_batch_size",
+        ("data-parallel size 4",),
+    ),
+    "megatron_tp_pp_not_dividing_world": Bad(
+        [*WORLD_4, "trainer.strategy=megatron", MEGATRON + "tensor_model_parallel_size=3"],
+        MEGATRON + "tensor_model_parallel_size",
+        ("TP 3 * PP 1 = 3 must divide the world size 4",),
+    ),
+    "megatron_experts_not_dividing_world": Bad(
+        [
+            *WORLD_4,
+            "trainer.strategy=megatron",
+            MEGATRON + "tensor_model_parallel_size=2",
+            MEGATRON + "expert_model_parallel_size=4",
+        ],
+        MEGATRON + "expert_model_parallel_size",
+        ("TP 2 * EP 4 * PP 1 = 8 must divide the world size 4",),
+    ),
+    "megatron_sequence_parallel_without_tp": Bad(
+        ["trainer.strategy=megatron", MEGATRON + "sequence_parallel=true"],
+        MEGATRON + "sequence_parallel",
+        ("tensor_model_parallel_size > 1",),
+    ),
+    "megatron_with_ulysses": Bad(
+        [*WORLD_4, "trainer.strategy=megatron", "trainer.policy.sequence_parallel_size=2"],
+        "trainer.policy.sequence_parallel_size",
+        ("must be 1 with trainer.strategy=megatron",),
+    ),
+    "ulysses_not_dividing_world": Bad(
+        [*WORLD_4, "trainer.policy.sequence_parallel_size=3"],
+        "trainer.policy.sequence_parallel_size",
+        ("does not divide the world size 4",),
+    ),
+    "fsdp1_policy_offload": Bad(
+        ["trainer.strategy=fsdp", "trainer.policy.fsdp_config.cpu_offload=true"],
+        "trainer.policy.fsdp_config.cpu_offload",
+        ("no_sync", "trainer.strategy=fsdp2", "trainer.ref.fsdp_config.cpu_offload=true"),
+    ),
+    "megatron_knob_under_fsdp2": Bad(
+        [MEGATRON + "tensor_model_parallel_size=2"],
+        MEGATRON + "tensor_model_parallel_size",
+        ("only applies to trainer.strategy=megatron",),
+    ),
+    "megatron_kwargs_under_deepspeed": Bad(
+        ["trainer.strategy=deepspeed", MEGATRON + "transformer_config_kwargs={num_layers: 2}"],
+        MEGATRON + "transformer_config_kwargs",
+        ("trainer.strategy=megatron",),
+    ),
+    "fsdp_knob_under_megatron": Bad(
+        ["trainer.strategy=megatron", "trainer.policy.fsdp_config.reshard_after_forward=false"],
+        "trainer.policy.fsdp_config.reshard_after_forward",
+        ("fsdp or fsdp2",),
+    ),
+    "ref_fsdp_knob_under_deepspeed": Bad(
+        ["trainer.strategy=deepspeed", "trainer.ref.fsdp_config.cpu_offload=true"],
+        "trainer.ref.fsdp_config.cpu_offload",
+        ("fsdp or fsdp2",),
+    ),
+    "deepspeed_config_under_fsdp2": Bad(
+        ["deepspeed_config.train.zero_optimization.stage=3"], "deepspeed_config.train", ("trainer.strategy=deepspeed",)
+    ),
+    "fsdp_size_not_dividing_world": Bad(
+        [*WORLD_4, "trainer.policy.fsdp_config.fsdp_size=3"],
+        "trainer.policy.fsdp_config.fsdp_size",
+        ("use -1 (whole world)",),
+    ),
+    "ref_fsdp_size_not_dividing_world": Bad(
+        ["trainer.ref.fsdp_config.fsdp_size=2"], "trainer.ref.fsdp_config.fsdp_size", ("ref world size 1",)
+    ),
+    "grpo_one_sample": Bad(
+        ["generator.n_samples_per_prompt=1"], "generator.n_samples_per_prompt", ("every advantage is zero", "2 or more")
+    ),
+    "rloo_one_sample": Bad(
+        ["trainer.algorithm.advantage_estimator=rloo", "generator.n_samples_per_prompt=1"],
+        "generator.n_samples_per_prompt",
+        ("leave-one-out",),
+    ),
+    "colocated_with_different_placements": Bad(
+        ["trainer.placement.policy_num_gpus_per_node=2"],
+        "trainer.placement.colocate_all",
+        ("trainer.placement.ref_num_gpus_per_node=2",),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD.values()), ids=list(BAD))
+def test_bad_config_names_the_key(case: Bad):
+    with pytest.raises(ConfigError) as info:
+        load_config(case.overrides, strategy=case.strategy)
+    lines = [line for line in info.value.problems if line.startswith(case.key + ":")]
+    assert lines, f"no problem names {case.key}: {info.value.problems}"
+    for fragment in case.fragments:
+        assert any(fragment in line for line in lines), f"{fragment!r} missing from {lines}"
+    assert isinstance(info.value, ValueError)
+
+
+def test_there_are_at_least_25_bad_configs():
+    assert len(BAD) >= 25
+
+
+def test_all_problems_are_reported_together_one_line_each():
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            [
+                "trainer.sed=1",
+                "generator.top_p=2",
+                "trainer.strategy=fsdp",
+                "trainer.policy.fsdp_config.cpu_offload=true",
+                "trainer.train_batch_size=24",
+            ]
+        )
+    problems = info.value.problems
+    keys = [line.split(":")[0] for line in problems]
+    assert keys == [
+        "trainer.sed",
+        "generator.top_p",
+        "trainer.train_batch_size",
+        "trainer.policy.fsdp_config.cpu_offload",
+    ]
+    message = str(info.value)
+    assert message.splitlines()[0] == "invalid config (4 problems):"
+    assert len(message.splitlines()) == 5
+
+
+def test_type_errors_are_reported_with_unknown_keys():
+    with pytest.raises(ConfigError) as info:
+        load_config(["trainer.seed=abc", "trainer.epochs=1.5", "data.promt_key=q"])
+    keys = sorted(line.split(":")[0] for line in info.value.problems)
+    assert keys == ["data.promt_key", "trainer.epochs", "trainer.seed"]
+
+
+def test_unknown_keys_in_a_file_are_named_with_suggestions(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        textwrap.dedent(
+            """
+            trainer:
+              algorithm:
+                kl_los_coef: 0.1
+            generator:
+              n_sample_per_prompt: 8
+            dataa: {}
+            """
+        ),
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config([], config_file=str(path))
+    message = str(info.value)
+    assert "trainer.algorithm.kl_los_coef: unknown key (did you mean 'trainer.algorithm.kl_loss_coef'?)" in message
+    assert "generator.n_sample_per_prompt: unknown key (did you mean 'generator.n_samples_per_prompt'?)" in message
+    assert "dataa: unknown key (did you mean 'data'?)" in message
+
+
+def test_wrong_types_in_a_file_are_named(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  seed: abc\n  policy: 3\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config([], config_file=str(path))
+    message = str(info.value)
+    assert "trainer.seed: expected an integer" in message
+    assert "trainer.policy: is a section" in message
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param(
+            [
+                *WORLD_4,
+                "trainer.strategy=megatron",
+                MEGATRON + "tensor_model_parallel_size=2",
+                MEGATRON + "sequence_parallel=true",
+            ],
+            id="megatron_tp2_dp2",
+        ),
+        pytest.param(
+            [
+                "trainer.placement.policy_num_gpus_per_node=8",
+                "trainer.placement.ref_num_gpus_per_node=8",
+                "trainer.strategy=megatron",
+                MEGATRON + "tensor_model_parallel_size=2",
+                MEGATRON + "pipeline_model_parallel_size=2",
+                MEGATRON + "expert_model_parallel_size=2",
+            ],
+            id="megatron_tp2_pp2_ep2_world8",
+        ),
+        pytest.param(
+            [
+                *WORLD_4,
+                "trainer.strategy=fsdp",
+                "trainer.ref.fsdp_config.cpu_offload=true",
+                "trainer.policy.fsdp_config.fsdp_size=2",
+            ],
+            id="fsdp1_ref_offload_hsdp",
+        ),
+        pytest.param(["trainer.strategy=fsdp2", "trainer.policy.fsdp_config.cpu_offload=true"], id="fsdp2_offload"),
+        pytest.param(
+            ["trainer.strategy=deepspeed", "deepspeed_config.train={zero_optimization: {stage: 3}}"],
+            id="deepspeed_zero3",
+        ),
+        pytest.param(
+            ["trainer.algorithm.advantage_estimator=reinforce++", "generator.n_samples_per_prompt=1"],
+            id="reinforce_pp_one_sample",
+        ),
+        pytest.param(["trainer.algorithm.advantage_estimator=gae"], id="gae"),
+        pytest.param(["generator.eval_temperature=0"], id="greedy_eval"),
+        pytest.param(
+            ["trainer.placement.colocate_all=false", "trainer.placement.policy_num_gpus_per_node=2"], id="not_colocated"
+        ),
+        pytest.param(
+            [*WORLD_4, "trainer.policy.sequence_parallel_size=2", "trainer.micro_train_batch_size_per_gpu=2"],
+            id="ulysses_sp2",
+        ),
+    ],
+)
+def test_valid_layouts_are_accepted(overrides):
+    load_config(overrides)
+
+
+def test_resume_from_an_existing_directory_is_accepted(tmp_path):
+    assert load_config([f"trainer.resume_mode={tmp_path}"]).trainer.resume_mode == str(tmp_path)
