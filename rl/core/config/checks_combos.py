@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rl.core.config.errors import Problems
-from rl.core.config.parallel import parallel_sizes, policy_world_size, ref_world_size
+from rl.core.config.parallel import parallel_sizes, policy_world_size, ref_placement, ref_world_size
 from rl.core.config.schema import Config
 
 _WORLD = "trainer.placement.policy_num_nodes * trainer.placement.policy_num_gpus_per_node"
@@ -115,7 +115,7 @@ def check_colocation(cfg: Config, problems: Problems) -> None:
     """colocate_all puts policy and reference on the same devices, so their placements must be equal."""
     placement = cfg.trainer.placement
     policy = (placement.policy_num_nodes, placement.policy_num_gpus_per_node)
-    ref = (placement.ref_num_nodes, placement.ref_num_gpus_per_node)
+    ref = ref_placement(cfg)
     if placement.colocate_all and policy != ref:
         problems.add(
             "trainer.placement.colocate_all",

@@ -83,10 +83,8 @@ RULES: tuple[Rule, ...] = (
     at_least("trainer.policy.sequence_parallel_size", 1),
     *(at_least(_MEGATRON + f"{name}_model_parallel_size", 1) for name in ("tensor", "pipeline", "expert")),
     optional(one_of(_MEGATRON + "recompute_granularity", choices.RECOMPUTE_GRANULARITIES)),
-    *(
-        at_least(_PLACE + name, 1)
-        for name in ("policy_num_nodes", "policy_num_gpus_per_node", "ref_num_nodes", "ref_num_gpus_per_node")
-    ),
+    *(at_least(_PLACE + name, 1) for name in ("policy_num_nodes", "policy_num_gpus_per_node")),
+    *(optional(at_least(_PLACE + name, 1)) for name in ("ref_num_nodes", "ref_num_gpus_per_node")),
     one_of(_ALGO + "advantage_estimator", choices.ADVANTAGE_ESTIMATORS),
     one_of(_ALGO + "policy_loss_type", choices.POLICY_LOSSES),
     one_of(_ALGO + "loss_reduction", choices.LOSS_REDUCTIONS),

@@ -22,9 +22,17 @@ def policy_world_size(cfg: Config) -> int:
     return placement.policy_num_nodes * placement.policy_num_gpus_per_node
 
 
-def ref_world_size(cfg: Config) -> int:
+def ref_placement(cfg: Config) -> tuple[int, int]:
+    """(nodes, devices per node) of the reference model; unset values follow the policy."""
     placement = cfg.trainer.placement
-    return placement.ref_num_nodes * placement.ref_num_gpus_per_node
+    nodes = placement.policy_num_nodes if placement.ref_num_nodes is None else placement.ref_num_nodes
+    gpus = placement.ref_num_gpus_per_node
+    return nodes, placement.policy_num_gpus_per_node if gpus is None else gpus
+
+
+def ref_world_size(cfg: Config) -> int:
+    nodes, gpus = ref_placement(cfg)
+    return nodes * gpus
 
 
 def model_parallel_size(cfg: Config) -> tuple[int, str]:

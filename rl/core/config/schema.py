@@ -75,7 +75,7 @@ class PlacementConfig:
 
     colocate_all: bool
     """Put the policy, the reference model and the generator on the same devices and take turns. Needs the same
-    placement for policy and reference."""
+    placement for policy and reference: leave ref_* null."""
 
     policy_num_nodes: int
     """Nodes of the policy's training group."""
@@ -84,11 +84,11 @@ class PlacementConfig:
     """Devices per node of the policy's training group. The world size of every parallelism rule is
     policy_num_nodes * policy_num_gpus_per_node."""
 
-    ref_num_nodes: int
-    """Nodes of the reference model's group."""
+    ref_num_nodes: int | None
+    """Nodes of the reference model's group; null follows the policy (required with colocate_all)."""
 
-    ref_num_gpus_per_node: int
-    """Devices per node of the reference model's group."""
+    ref_num_gpus_per_node: int | None
+    """Devices per node of the reference model's group; null follows the policy."""
 
 
 @dataclass(kw_only=True)

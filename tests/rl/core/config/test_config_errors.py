@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from rl.core.config import ConfigError, load_config
+from rl.core.config import ConfigError, load_config, ref_world_size
 
 WORLD_4 = ["trainer.placement.policy_num_gpus_per_node=4", "trainer.placement.ref_num_gpus_per_node=4"]
 MEGATRON = "trainer.policy.megatron_config."
@@ -203,7 +203,7 @@ BAD = {
         ("leave-one-out",),
     ),
     "colocated_with_different_placements": Bad(
-        ["trainer.placement.policy_num_gpus_per_node=2"],
+        ["trainer.placement.policy_num_gpus_per_node=2", "trainer.placement.ref_num_gpus_per_node=1"],
         "trainer.placement.colocate_all",
         ("trainer.placement.ref_num_gpus_per_node=2",),
     ),
@@ -347,3 +347,8 @@ def test_valid_layouts_are_accepted(overrides):
 
 def test_resume_from_an_existing_directory_is_accepted(tmp_path):
     assert load_config([f"trainer.resume_mode={tmp_path}"]).trainer.resume_mode == str(tmp_path)
+
+
+def test_colocated_reference_follows_the_policy_placement():
+    cfg = load_config(["trainer.placement.policy_num_gpus_per_node=2"])
+    assert ref_world_size(cfg) == 2
