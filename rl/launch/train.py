@@ -8,6 +8,8 @@ import sys
 
 from absl import app, flags
 
+from rl.core.config import ConfigError, load_config
+
 STRATEGIES = ("fsdp", "fsdp2", "deepspeed", "megatron")
 
 FLAGS = flags.FLAGS
@@ -28,8 +30,13 @@ def split_overrides(argv: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     overrides = split_overrides(argv)
-    print(f"strategy={FLAGS.strategy} config={FLAGS.config} run_dir={FLAGS.run_dir} overrides={overrides}")
-    print("The GRPO training loop is not built yet: flags and overrides were parsed, no training was run.")
+    try:
+        cfg = load_config(overrides, config_file=FLAGS.config, strategy=FLAGS.strategy)
+    except ConfigError as error:
+        print(f"invalid configuration:\n{error}", file=sys.stderr)
+        return 2
+    print(f"config is valid: strategy={cfg.trainer.strategy}, run_dir={FLAGS.run_dir}")
+    print("The GRPO training loop is not built yet: the configuration was checked, no training was run.")
     return 1
 
 
