@@ -74,6 +74,7 @@ RULES: tuple[Rule, ...] = (
         )
     ),
     optional(at_least("trainer.max_steps", 1)),
+    optional(at_least("trainer.max_tokens_per_micro_batch", 1)),
     at_least("trainer.seed", 0),
     *(interval(f"trainer.{name}") for name in ("ckpt_interval", "hf_save_interval", "eval_interval")),
     *(at_least(_OPT + name, 0, "a number") for name in ("lr", "weight_decay", "max_grad_norm")),

@@ -152,6 +152,10 @@ class TrainerConfig:
     use_sample_packing: bool
     """Pack sequences into flat micro-batches (no padding); `false` pads each micro-batch instead."""
 
+    max_tokens_per_micro_batch: int | None
+    """Token budget of one packed micro-batch; null means micro_train_batch_size_per_gpu *
+    (generator.max_prompt_length + generator.max_generate_length). Packing only."""
+
     train_batch_size: int
     """Prompts per training step (one rollout batch). Must be a multiple of policy_mini_batch_size."""
 

@@ -1,0 +1,179 @@
+"""The one policy-loss assembly shared by every backend: policy loss + KL loss - entropy bonus, reduced once.
+
+A backend supplies per-token logprobs (and entropy when wanted) for a micro-batch, calls `compute_policy_loss`
+with the mini-batch's `LossNormalizer`, and runs ``loss.backward()``; see `reduction.py` for why micro-batch
+losses are summed (never averaged) and how `dp_world_size` handles DP gradient averaging.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from rl.core.algorithms.kl import KL_ESTIMATORS
+from rl.core.algorithms.policy_loss import POLICY_LOSSES
+from rl.core.algorithms.reduction import LOSS_REDUCTIONS, LossNormalizer, masked_sum, mini_batch_normalizer
+from rl.core.registry import Registry
+
+_GENERATOR_FIELDS = ("max_generate_length",)
+
+
+def _read(cfg: Any, name: str, default: Any) -> Any:
+    if cfg is None:
+        return default
+    if isinstance(cfg, Mapping):
+        return cfg.get(name, default)
+    return getattr(cfg, name, default)
+
+
+def _check_choice(registry: Registry, key: str, name: str) -> None:
+    if name not in registry:
+        raise ValueError(f"{key}: {registry.unknown_message(name)}")
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """Loss options; field names mirror the `trainer.algorithm.*` config keys (and `generator.max_generate_length`)."""
+
+    policy_loss_type: str = "regular"
+    loss_reduction: str = "token_mean"
+    eps_clip_low: float = 0.2
+    eps_clip_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_estimator_type: str = "k3"
+    use_entropy_loss: bool = False
+    entropy_loss_coef: float = 0.01
+    max_generate_length: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_choice(POLICY_LOSSES, "trainer.algorithm.policy_loss_type", self.policy_loss_type)
+        _check_choice(LOSS_REDUCTIONS, "trainer.algorithm.loss_reduction", self.loss_reduction)
+        _check_choice(KL_ESTIMATORS, "trainer.algorithm.kl_estimator_type", self.kl_estimator_type)
+        if not 0.0 <= self.eps_clip_low < 1.0:
+            raise ValueError(f"trainer.algorithm.eps_clip_low must be in [0, 1), got {self.eps_clip_low}")
+        if self.eps_clip_high < 0.0:
+            raise ValueError(f"trainer.algorithm.eps_clip_high must be >= 0, got {self.eps_clip_high}")
+        if self.policy_loss_type == "dual_clip" and not self.clip_ratio_c > 1.0:
+            raise ValueError(f"trainer.algorithm.clip_ratio_c must be > 1 for dual_clip, got {self.clip_ratio_c}")
+        # raises, naming generator.max_generate_length, when the reduction needs it and it is missing
+        LOSS_REDUCTIONS.get(self.loss_reduction).denominator(1, 1, self.max_generate_length)
+
+    @classmethod
+    def from_config(cls, algorithm_cfg: Any, generator_cfg: Any = None) -> LossSettings:
+        """Read the fields by name from the algorithm config (and max_generate_length from the generator config);
+        attributes (or mapping keys) the configs lack keep the defaults above."""
+        values = {}
+        for field in dataclasses.fields(cls):
+            source = generator_cfg if field.name in _GENERATOR_FIELDS else algorithm_cfg
+            values[field.name] = _read(source, field.name, field.default)
+        return cls(**values)
+
+    def normalizer(
+        self,
+        loss_mask: Tensor,
+        *,
+        seq_ids: Tensor | None = None,
+        num_sequences: int | None = None,
+        dp_world_size: int = 1,
+    ) -> LossNormalizer:
+        """`mini_batch_normalizer` for this reduction, from the loss mask of the whole mini-batch."""
+        return mini_batch_normalizer(
+            self.loss_reduction,
+            loss_mask,
+            seq_ids=seq_ids,
+            num_sequences=num_sequences,
+            max_generate_length=self.max_generate_length,
+            dp_world_size=dp_world_size,
+        )
+
+
+def _check_inputs(settings: LossSettings, normalizer: LossNormalizer, logprobs: Tensor, **tensors) -> None:
+    if normalizer.reduction != settings.loss_reduction:
+        raise ValueError(
+            f"normalizer was built for '{normalizer.reduction}' but trainer.algorithm.loss_reduction is "
+            f"'{settings.loss_reduction}'"
+        )
+    for name, tensor in tensors.items():
+        if tensor is not None and tensor.shape != logprobs.shape:
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)} but logprobs has {tuple(logprobs.shape)}")
+    if settings.use_kl_loss and tensors["ref_logprobs"] is None:
+        raise ValueError("trainer.algorithm.use_kl_loss is on but no ref_logprobs were given")
+    if settings.use_entropy_loss and tensors["entropy"] is None:
+        raise ValueError("trainer.algorithm.use_entropy_loss is on but no entropy was given")
+
+
+def _policy_term(settings: LossSettings, logprobs, old_logprobs, advantages, loss_mask, seq_ids, num_sequences):
+    return POLICY_LOSSES.get(settings.policy_loss_type)(
+        logprobs,
+        old_logprobs,
+        advantages,
+        loss_mask,
+        eps_clip_low=settings.eps_clip_low,
+        eps_clip_high=settings.eps_clip_high,
+        clip_ratio_c=settings.clip_ratio_c,
+        seq_ids=seq_ids,
+        num_sequences=num_sequences,
+    )
+
+
+def compute_policy_loss(
+    settings: LossSettings,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    normalizer: LossNormalizer,
+    *,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+    seq_ids: Tensor | None = None,
+    num_sequences: int | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Micro-batch loss ``reduce(pg + kl_loss_coef * kl - entropy_loss_coef * entropy) * dp_world_size``.
+
+    Token tensors are padded ``[B, T]`` or flat packed ``[N]`` (then pass `seq_ids`, and `num_sequences` to avoid
+    a host sync, e.g. ``PackedBatch.token_seq_ids()`` / ``num_sequences``). `normalizer` belongs to the whole
+    mini-batch (`LossSettings.normalizer`). Metrics are detached scalars that are this micro-batch's share of the
+    mini-batch value: sum them over micro-batches and (all-reduce SUM) over DP ranks. ``pg_loss``, ``kl_loss``,
+    ``kl`` (with ref_logprobs) and ``entropy`` (with entropy) use the loss reduction; ``pg_clipfrac``,
+    ``pg_clipfrac_lower`` and ``ppo_kl`` are token means.
+    """
+    _check_inputs(
+        settings,
+        normalizer,
+        logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        loss_mask=loss_mask,
+        ref_logprobs=ref_logprobs,
+        entropy=entropy,
+        seq_ids=seq_ids,
+    )
+    if seq_ids is None and num_sequences is None and logprobs.dim() == 2:
+        num_sequences = logprobs.shape[0]
+    reduction = LOSS_REDUCTIONS.get(settings.loss_reduction)
+
+    def reduce(per_token: Tensor) -> Tensor:
+        return reduction(per_token, loss_mask, normalizer.denominator, seq_ids, num_sequences)
+
+    total, token_metrics = _policy_term(settings, logprobs, old_logprobs, advantages, loss_mask, seq_ids, num_sequences)
+    metrics = {"pg_loss": reduce(total.detach())}
+    if ref_logprobs is not None:
+        kl = KL_ESTIMATORS.get(settings.kl_estimator_type)(logprobs, ref_logprobs)
+        metrics["kl"] = reduce(kl.detach())
+        if settings.use_kl_loss:
+            total = total + settings.kl_loss_coef * kl
+            metrics["kl_loss"] = metrics["kl"]
+    if entropy is not None:
+        metrics["entropy"] = reduce(entropy.detach())
+        if settings.use_entropy_loss:
+            total = total - settings.entropy_loss_coef * entropy
+    for name, per_token in token_metrics.items():
+        metrics[name] = masked_sum(per_token, loss_mask) / normalizer.num_tokens
+    return reduce(total) * normalizer.dp_world_size, metrics

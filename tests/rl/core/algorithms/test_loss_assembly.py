@@ -1,0 +1,188 @@
+"""compute_policy_loss: hand-computed assembly, settings from config, and gradient invariance of every reduction
+under micro-batch size (1, 2, 8) and data-parallel size (1 vs 2 simulated ranks)."""
+
+import itertools
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rl.core.algorithms import LOSS_REDUCTIONS, POLICY_LOSSES, LossSettings, compute_policy_loss
+
+F64 = torch.float64
+
+
+def test_hand_computed_assembly():
+    # ratio 1 everywhere, A = [1, -1] -> pg = [-1, 1]; k1 kl = logp - ref = [0.5, 0]; entropy [2, 4]
+    # per token: pg + 0.1 * kl - 0.01 * entropy = [-1 + 0.05 - 0.02, 1 - 0.04] = [-0.97, 0.96]
+    # token_mean over 2 tokens: -0.005; dp_world_size 2 doubles the loss only
+    settings = LossSettings(
+        use_kl_loss=True, kl_loss_coef=0.1, kl_estimator_type="k1", use_entropy_loss=True, entropy_loss_coef=0.01
+    )
+    logp = torch.tensor([[-1.0, -2.0]], dtype=F64)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    normalizer = settings.normalizer(mask, dp_world_size=2)
+    loss, metrics = compute_policy_loss(
+        settings,
+        logp,
+        logp.clone(),
+        torch.tensor([[1.0, -1.0]], dtype=F64),
+        mask,
+        normalizer,
+        ref_logprobs=torch.tensor([[-1.5, -2.0]], dtype=F64),
+        entropy=torch.tensor([[2.0, 4.0]], dtype=F64),
+    )
+    torch.testing.assert_close(loss, torch.tensor(-0.01, dtype=F64))
+    torch.testing.assert_close(metrics["pg_loss"], torch.tensor(0.0, dtype=F64))
+    torch.testing.assert_close(metrics["kl_loss"], torch.tensor(0.25, dtype=F64))
+    torch.testing.assert_close(metrics["entropy"], torch.tensor(3.0, dtype=F64))
+    torch.testing.assert_close(metrics["pg_clipfrac"], torch.tensor(0.0, dtype=F64))
+
+
+def test_settings_from_config_reads_names():
+    algorithm = SimpleNamespace(
+        policy_loss_type="gspo",
+        loss_reduction="seq_mean_token_sum_norm",
+        eps_clip_low=3e-4,
+        eps_clip_high=4e-4,
+        use_kl_loss=True,
+        kl_estimator_type="k2",
+        unrelated="x",
+    )
+    generator = SimpleNamespace(max_generate_length=1024)
+    settings = LossSettings.from_config(algorithm, generator)
+    assert settings.policy_loss_type == "gspo" and settings.max_generate_length == 1024
+    assert settings.eps_clip_high == 4e-4 and settings.kl_estimator_type == "k2" and settings.use_kl_loss
+    assert settings.clip_ratio_c == LossSettings.clip_ratio_c  # absent attribute keeps its default
+    assert LossSettings.from_config({"loss_reduction": "sequence_mean"}).loss_reduction == "sequence_mean"
+
+
+@pytest.mark.parametrize(
+    ("fields", "key"),
+    [
+        ({"policy_loss_type": "ppo"}, "trainer.algorithm.policy_loss_type"),
+        ({"loss_reduction": "mean"}, "trainer.algorithm.loss_reduction"),
+        ({"kl_estimator_type": "k9"}, "trainer.algorithm.kl_estimator_type"),
+        ({"eps_clip_low": 1.5}, "trainer.algorithm.eps_clip_low"),
+        ({"policy_loss_type": "dual_clip", "clip_ratio_c": 0.5}, "trainer.algorithm.clip_ratio_c"),
+        ({"loss_reduction": "seq_mean_token_sum_norm"}, "generator.max_generate_length"),
+    ],
+)
+def test_settings_errors_name_the_key(fields, key):
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        LossSettings(**fields)
+
+
+def test_missing_inputs_name_the_key():
+    settings = LossSettings(use_kl_loss=True)
+    x = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match=r"use_kl_loss.*ref_logprobs"):
+        compute_policy_loss(settings, x, x, x, x.bool(), settings.normalizer(x.bool()))
+    with pytest.raises(ValueError, match="sequence_mean"):
+        compute_policy_loss(settings, x, x, x, x.bool(), LossSettings(loss_reduction="sequence_mean").normalizer(x))
+
+
+# ---- gradient invariance -------------------------------------------------------------------------------------
+
+S, T = 8, 7
+
+
+def mini_batch():
+    gen = torch.Generator().manual_seed(11)
+    lengths = torch.tensor([7, 1, 3, 6, 2, 7, 4, 5])
+    mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
+    old = -torch.rand(S, T, generator=gen, dtype=F64) * 3
+    return {
+        "logp": (old + 0.3 * torch.randn(S, T, generator=gen, dtype=F64)).detach(),
+        "old": old,
+        "ref": old + 0.2 * torch.randn(S, T, generator=gen, dtype=F64),
+        "adv": torch.randn(S, 1, generator=gen, dtype=F64).expand(S, T).contiguous(),
+        "mask": mask,
+    }
+
+
+def settings_for(policy_loss, reduction):
+    eps = (3e-2, 4e-2) if policy_loss == "gspo" else (0.2, 0.28)
+    return LossSettings(
+        policy_loss_type=policy_loss,
+        loss_reduction=reduction,
+        eps_clip_low=eps[0],
+        eps_clip_high=eps[1],
+        use_kl_loss=True,
+        kl_loss_coef=0.05,
+        use_entropy_loss=True,
+        entropy_loss_coef=0.01,
+        max_generate_length=T,
+    )
+
+
+def run_rank(settings, data, rows, micro_batch_size, normalizer):
+    """Gradient w.r.t. a leaf logprob tensor and summed metrics, micro-batch losses summed as a backend does."""
+    logp = data["logp"].clone().requires_grad_(True)
+    totals = {}
+    for start in range(0, len(rows), micro_batch_size):
+        idx = torch.tensor(rows[start : start + micro_batch_size])
+        lp = logp[idx]
+        entropy = -(lp.exp() * lp)  # any differentiable function of logp stands in for the entropy
+        loss, metrics = compute_policy_loss(
+            settings,
+            lp,
+            data["old"][idx],
+            data["adv"][idx],
+            data["mask"][idx],
+            normalizer,
+            ref_logprobs=data["ref"][idx],
+            entropy=entropy,
+        )
+        loss.backward()
+        for name, value in metrics.items():
+            totals[name] = totals.get(name, 0.0) + value
+    return logp.grad, totals
+
+
+@pytest.mark.parametrize(("policy_loss", "reduction"), list(itertools.product(POLICY_LOSSES, LOSS_REDUCTIONS)))
+def test_gradient_is_independent_of_micro_batch_and_dp_split(policy_loss, reduction):
+    settings = settings_for(policy_loss, reduction)
+    data = mini_batch()
+    every = list(range(S))
+    whole = settings.normalizer(data["mask"])
+    reference, ref_metrics = run_rank(settings, data, every, S, whole)
+    assert reference.abs().sum() > 0
+    for micro in (1, 2, 8):
+        grad, metrics = run_rank(settings, data, every, micro, whole)
+        torch.testing.assert_close(grad, reference, rtol=1e-10, atol=1e-12)
+        for name, value in ref_metrics.items():
+            torch.testing.assert_close(metrics[name], value, rtol=1e-10, atol=1e-12)
+    shards = [[0, 3, 4, 7], [1, 2, 5, 6]]
+    # gradients SUMMED across ranks: dp_world_size=1
+    summed = sum(run_rank(settings, data, rows, 2, whole)[0] for rows in shards)
+    torch.testing.assert_close(summed, reference, rtol=1e-10, atol=1e-12)
+    # gradients AVERAGED across ranks (DDP/FSDP default): the normalizer carries dp_world_size=2
+    scaled = settings.normalizer(data["mask"], dp_world_size=2)
+    averaged = sum(run_rank(settings, data, rows, 1, scaled)[0] for rows in shards) / 2
+    torch.testing.assert_close(averaged, reference, rtol=1e-10, atol=1e-12)
+
+
+def test_micro_batch_mean_would_not_be_invariant():
+    # the oracle is sensitive: normalizing each micro-batch by its own token count changes the gradient
+    settings = settings_for("regular", "token_mean")
+    data = mini_batch()
+    whole = settings.normalizer(data["mask"])
+    reference, _ = run_rank(settings, data, list(range(S)), S, whole)
+    logp = data["logp"].clone().requires_grad_(True)
+    for rows in ([0, 1], [2, 3], [4, 5], [6, 7]):
+        idx = torch.tensor(rows)
+        local = settings.normalizer(data["mask"][idx])
+        lp = logp[idx]
+        loss, _ = compute_policy_loss(
+            settings,
+            lp,
+            data["old"][idx],
+            data["adv"][idx],
+            data["mask"][idx],
+            local,
+            ref_logprobs=data["ref"][idx],
+            entropy=-(lp.exp() * lp),
+        )
+        (loss / 4).backward()
+    assert not torch.allclose(logp.grad, reference)
