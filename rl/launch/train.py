@@ -35,9 +35,10 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"invalid configuration:\n{error}", file=sys.stderr)
         return 2
-    print(f"config is valid: strategy={cfg.trainer.strategy}, run_dir={FLAGS.run_dir}")
-    print("The GRPO training loop is not built yet: the configuration was checked, no training was run.")
-    return 1
+    from rl.core.trainer.run import run_training
+
+    run_training(cfg, FLAGS.run_dir, FLAGS.ray_address)
+    return 0
 
 
 if __name__ == "__main__":

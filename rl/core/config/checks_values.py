@@ -129,7 +129,8 @@ def check_rules(cfg: Config, problems: Problems) -> None:
 
 def check_strings(cfg: Config, problems: Problems) -> None:
     for key in NON_EMPTY_STRINGS:
-        if not get(cfg, key).strip():
+        value = get(cfg, key)
+        if value is not None and not value.strip():
             problems.add(key, "is empty; set it to a non-empty string")
     if cfg.trainer.run_name is not None and not cfg.trainer.run_name.strip():
         problems.add("trainer.run_name", "is empty; set a name or null (derived from the time)")

@@ -209,11 +209,11 @@ class TrainerConfig:
     """`none` starts fresh, `latest` resumes the newest complete checkpoint in ckpt_path (fresh if none), any other
     value is the path of a checkpoint directory to resume, which must exist."""
 
-    ckpt_path: str
-    """Directory of resumable checkpoints. `~` is expanded."""
+    ckpt_path: str | None
+    """Directory of resumable checkpoints; null means `checkpoints/` in the run directory. `~` is expanded."""
 
-    export_path: str
-    """Directory of exported Hugging Face weights. `~` is expanded."""
+    export_path: str | None
+    """Directory of exported Hugging Face weights; null means `exports/` in the run directory. `~` is expanded."""
 
     logger: list[str]
     """Metric sinks: any of `console`, `tensorboard`, `wandb`. A single name is accepted for a one-item list."""

@@ -102,10 +102,12 @@ def test_defaults_match_the_documented_values():
     assert cfg.deepspeed_config.train == {} and cfg.deepspeed_config.eval == {}
 
 
-def test_default_paths_are_expanded():
-    cfg = load_config([])
+def test_user_paths_are_expanded():
+    cfg = load_config(["data.train_data=['~/a.parquet']", "data.val_data=['~/b.parquet']",
+                       "trainer.ckpt_path=~/ckpt", "trainer.export_path=~/exports"])
+    home = os.path.expanduser("~")
     for path in [*cfg.data.train_data, *cfg.data.val_data, cfg.trainer.ckpt_path, cfg.trainer.export_path]:
-        assert not path.startswith("~"), path
+        assert path.startswith(home + "/"), path
 
 
 def test_default_types_are_exact():

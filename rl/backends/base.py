@@ -1,0 +1,164 @@
+"""The interface every training strategy implements, and the registry that picks one by name.
+
+A backend owns one model (policy or reference) on one worker of an SPMD group. Everything a strategy does not
+change — logprobs from a `PackedBatch`, the shared loss from `rl.core.algorithms`, gradient accumulation, clipping,
+the optimizer and its schedule — lives here, so a strategy module only says how to wrap, checkpoint and export.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from rl.backends.dist import DistInfo
+from rl.backends.hf_forward import batch_logprobs
+from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
+from rl.core.packing import PackedBatch
+from rl.core.registry import Registry
+
+BACKENDS: Registry[type[TrainingBackend]] = Registry("trainer.strategy")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a backend builds: which weights, for which role, with which of the run's settings."""
+
+    path: str
+    role: str  # "policy" or "ref"
+    temperature: float
+    gradient_checkpointing: bool = False
+    cpu_offload: bool = False
+    reshard_after_forward: bool = True
+    fsdp_size: int = -1
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = 1.0
+    lr_warmup_steps: int = 0
+    backend_options: dict | None = None  # the strategy's own block, e.g. deepspeed_config.train
+
+
+class TrainingBackend(abc.ABC):
+    """One model on one worker. Subclasses implement `wrap_model` and the checkpoint/export methods."""
+
+    def __init__(self, spec: ModelSpec, dist_info: DistInfo):
+        self.spec = spec
+        self.dist = dist_info
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+
+    @property
+    def trainable(self) -> bool:
+        return self.spec.role == "policy"
+
+    # --- what a strategy implements -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def build(self) -> None:
+        """Load the Hugging Face weights from spec.path, wrap them for the strategy, make the optimizer."""
+
+    @abc.abstractmethod
+    def save_checkpoint(self, path: str) -> None:
+        """Model and optimizer state of this rank (collective: every rank calls it)."""
+
+    @abc.abstractmethod
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what save_checkpoint wrote (collective)."""
+
+    @abc.abstractmethod
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """Full weights in Hugging Face naming on CPU, on rank 0 (other ranks: empty). Collective."""
+
+    def offload(self) -> None:
+        """Moves weights and optimizer state to CPU memory between phases (nothing to do when training on CPU)."""
+        self._move_state(torch.device("cpu"))
+
+    def reload(self) -> None:
+        """Undoes `offload`."""
+        self._move_state(self.dist.device)
+
+    def _move_state(self, device: torch.device) -> None:
+        if self.dist.device.type == "cpu":
+            return
+        self.model.to(device)
+        for state in (self.optimizer.state.values() if self.optimizer else ()):
+            for key, value in state.items():
+                if isinstance(value, Tensor):
+                    state[key] = value.to(device, non_blocking=True)
+        if device.type == "cpu" and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    # --- shared by every strategy ---------------------------------------------------------------------------
+    def make_optimizer(self, params) -> None:
+        spec = self.spec
+        self.optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay)
+        warmup = max(spec.lr_warmup_steps, 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
+
+    def forward_module(self) -> nn.Module:
+        """The module whose forward runs the wrapped model (a DeepSpeed engine, an FSDP module...)."""
+        return self.model
+
+    @torch.no_grad()
+    def logprobs(self, batch: PackedBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        self.forward_module().eval()
+        logprobs, entropy = batch_logprobs(self.forward_module(), batch.to(self.dist.device), self.spec.temperature,
+                                           with_entropy)
+        return logprobs.cpu(), (entropy.cpu() if entropy is not None else None)
+
+    def backward(self, loss: Tensor) -> None:
+        loss.backward()
+
+    def forward_backward(self, batch: PackedBatch, settings: LossSettings, normalizer: LossNormalizer
+                         ) -> dict[str, float]:
+        """Adds this micro-batch's share of the mini-batch loss gradient; returns its share of the metrics."""
+        real = batch.num_tokens > 0
+        batch = (batch if real else _placeholder_batch()).to(self.dist.device)
+        self.forward_module().train()
+        logprobs, entropy = batch_logprobs(self.forward_module(), batch, self.spec.temperature,
+                                           settings.use_entropy_loss)
+        loss, metrics = compute_policy_loss(
+            settings, logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, normalizer,
+            ref_logprobs=batch.ref_logprobs, entropy=entropy, seq_ids=batch.token_seq_ids(),
+            num_sequences=batch.num_sequences,
+        )
+        # A rank with no sequences still runs forward/backward so its collectives stay in step with the others.
+        self.backward(loss if real else loss * 0.0)
+        out = {name: float(value) for name, value in metrics.items()} if real else {}
+        out["loss"] = float(loss.detach()) / normalizer.dp_world_size if real else 0.0
+        return out
+
+    def clip_grad_norm(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.max_grad_norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def optimizer_step(self) -> dict[str, float]:
+        grad_norm = self.clip_grad_norm()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": grad_norm, "lr": lr}
+
+
+def _placeholder_batch() -> PackedBatch:
+    """Two tokens, nothing in the loss: what a rank without sequences runs in a step."""
+    from rl.core.packing import pack_sequences
+
+    return pack_sequences([{
+        "input_ids": torch.zeros(2, dtype=torch.long), "loss_mask": torch.zeros(2, dtype=torch.bool),
+        "advantages": torch.zeros(2), "old_logprobs": torch.zeros(2), "ref_logprobs": torch.zeros(2),
+    }])
+
+
+def build_backend(strategy: str, spec: ModelSpec, dist_info: DistInfo) -> TrainingBackend:
+    import rl.backends.registered  # noqa: F401  (imports every strategy module so its entry is registered)
+
+    backend = BACKENDS.get(strategy)(spec, dist_info)
+    backend.build()
+    return backend

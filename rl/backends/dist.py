@@ -1,0 +1,40 @@
+"""The process group a training worker belongs to: gloo on CPU, nccl on GPU."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int) -> DistInfo:
+    """Joins (or creates) the default process group; one worker per device, one process per worker on CPU."""
+    use_cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    if not dist.is_initialized():
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
+                          WORLD_SIZE=str(world_size))
+        dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size,
+                                device_id=device if use_cuda else None)
+    return DistInfo(rank=rank, world_size=world_size, device=device)
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sums a few floats across the default group (one collective)."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor)
+    return tensor.tolist()

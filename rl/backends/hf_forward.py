@@ -1,0 +1,35 @@
+"""Runs a Hugging Face causal LM over a `PackedBatch` and returns per-token logprobs aligned with target tokens.
+
+Packed batches go in as one row whose position ids restart at every sequence: with no attention mask, transformers
+derives a block-diagonal causal mask from the resets (sdpa/eager) or varlen boundaries (flash attention), so no
+token attends across a sequence boundary. Padded batches go in as [S, L] rows with an attention mask.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from rl.backends.logits import token_entropy, token_logprobs
+from rl.core.packing import PackedBatch
+
+
+def flat_logits(model: nn.Module, batch: PackedBatch) -> Tensor:
+    """[N, V] logits at every flat position of the batch."""
+    if batch.padded:
+        out = model(input_ids=batch.as_padded(), attention_mask=batch.attention_mask().long(),
+                    position_ids=batch.as_padded(batch.position_ids), use_cache=False)
+        return out.logits.reshape(batch.num_tokens, -1)
+    out = model(input_ids=batch.input_ids[None], position_ids=batch.position_ids[None], use_cache=False)
+    return out.logits[0]
+
+
+def batch_logprobs(model: nn.Module, batch: PackedBatch, temperature: float, with_entropy: bool
+                   ) -> tuple[Tensor, Tensor | None]:
+    """(logprobs [N], entropy [N] or None), both aligned with the target token like the batch's loss_mask."""
+    if batch.num_tokens == 0:
+        empty = batch.input_ids.new_zeros(0, dtype=next(model.parameters()).dtype)
+        return empty.float(), (empty.float() if with_entropy else None)
+    logits = flat_logits(model, batch)
+    logprobs = PackedBatch.align_to_targets(token_logprobs(logits, batch.prediction_targets(), temperature))
+    entropy = PackedBatch.align_to_targets(token_entropy(logits, temperature)) if with_entropy else None
+    return logprobs, entropy

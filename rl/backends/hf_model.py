@@ -1,0 +1,45 @@
+"""Loading Hugging Face causal LMs for training and saving them back in Hugging Face format."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+from torch import Tensor, nn
+
+
+def attention_implementation(device: torch.device) -> str:
+    """flash_attention_2 on GPU when installed (varlen kernels for packed rows), else PyTorch sdpa."""
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def load_causal_lm(path: str, device: torch.device) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    if not os.path.isdir(os.path.expanduser(path)) and os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise FileNotFoundError(f"trainer.policy.model.path: no model directory at '{path}' (hub access is off)")
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.expanduser(path), dtype=torch.float32, attn_implementation=attention_implementation(device)
+    )
+    model.config.use_cache = False
+    return model.to(device)
+
+
+def save_hf_checkpoint(model_path: str, state_dict: dict[str, Tensor], output_dir: str) -> None:
+    """Writes `state_dict` (HF names) as a checkpoint `from_pretrained` loads, with the source's config and
+    tokenizer files; the directory appears complete or not at all (written beside, then renamed)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    staging = output_dir.rstrip("/") + ".partial"
+    os.makedirs(staging, exist_ok=True)
+    skeleton.save_pretrained(staging, state_dict=state_dict, safe_serialization=True)
+    AutoTokenizer.from_pretrained(model_path).save_pretrained(staging)
+    if os.path.isdir(output_dir):
+        raise FileExistsError(f"{output_dir} already exists; exports are never overwritten")
+    os.replace(staging, output_dir)

@@ -1,0 +1,140 @@
+"""The GRPO/PPO training loop: rollouts -> rewards -> logprobs -> advantages -> policy update -> weights to the
+generation engine, with validation, checkpoints and Hugging Face exports at their intervals."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from rl.core.algorithms import LossSettings
+from rl.core.config import config_to_dict, policy_world_size
+from rl.core.data import BatchPosition, batches_per_epoch, iter_batches
+from rl.core.rewards import REWARD_FUNCTIONS
+from rl.core.trainer import checkpoint, components
+from rl.core.trainer.experience import build_experience, score
+from rl.core.trainer.metrics import MetricsLogger
+from rl.core.trainer.policy_update import compute_logprobs, micro_batching, update_policy
+from rl.core.trainer.sources import resolve_sources
+
+
+class Trainer:
+    def __init__(self, cfg, run_dir: str):
+        from transformers import AutoTokenizer
+
+        self.cfg, self.run_dir = cfg, run_dir
+        sources = resolve_sources(cfg, run_dir)
+        self.model_path = sources.model_path
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.train_set, self.val_set = components.load_datasets(cfg, sources.train_data, sources.val_data)
+        self.reward_fn = REWARD_FUNCTIONS.get(cfg.data.reward_fn)
+        self.settings = LossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
+        self.engine = components.make_engine(cfg, self.model_path, self.tokenizer)
+        self.world = policy_world_size(cfg)
+        self.group = components.make_worker_group(cfg, self.model_path, self.world)
+        pad = self.tokenizer.pad_token_id or 0
+        self.forward_batching = micro_batching(cfg, self.world, pad, train=False)
+        self.train_batching = micro_batching(cfg, self.world, pad, train=True)
+        self.ckpt_root = cfg.trainer.ckpt_path or os.path.join(run_dir, "checkpoints")
+        self.metrics = MetricsLogger(run_dir, list(cfg.trainer.logger), cfg.trainer.project_name,
+                                     cfg.trainer.run_name, config_to_dict(cfg))
+        self.position = BatchPosition(0, 0)
+
+    @property
+    def total_steps(self) -> int:
+        trainer = self.cfg.trainer
+        per_epoch = batches_per_epoch(len(self.train_set), trainer.train_batch_size)
+        return trainer.max_steps or trainer.epochs * per_epoch
+
+    def fit(self) -> None:
+        start = self.resume()
+        if start == 0 and self.cfg.trainer.eval_before_train and self.val_set is not None:
+            self.metrics.log({"step": 0, "val_accuracy": self.evaluate(0)})
+        trainer = self.cfg.trainer
+        for step in range(start + 1, self.total_steps + 1):
+            row = self.train_step(step)
+            if self.val_set is not None and _due(step, trainer.eval_interval, self.total_steps):
+                row["val_accuracy"] = self.evaluate(step)
+            self.metrics.log(row)
+            if _due(step, trainer.ckpt_interval):
+                self.save_checkpoint(step)
+            if _due(step, trainer.hf_save_interval):
+                self.export(step)
+        self.metrics.close()
+
+    def next_prompts(self):
+        batches = iter_batches(self.train_set, self.cfg.trainer.train_batch_size, self.cfg.trainer.seed,
+                               self.position.epoch, self.position.index)
+        batch = next(batches)
+        self.position = batch.next_position
+        return batch.records
+
+    def train_step(self, step: int) -> dict:
+        cfg, started = self.cfg, time.perf_counter()
+        records = self.next_prompts()
+        prompts = [components.encode_prompt(self.tokenizer, r, cfg.generator.max_prompt_length) for r in records]
+        rollouts = self.engine.generate(prompts, components.sampling_params(cfg.generator, _seed(cfg, step)))
+        generated = time.perf_counter()
+        rewards = score(rollouts, [r.answer for r in records], self.reward_fn)
+        algo = cfg.trainer.algorithm
+        experience = build_experience(rollouts, rewards, algo.advantage_estimator, algo.grpo_norm_by_std,
+                                      algo.gamma, algo.lambd)
+        compute_logprobs(self.group, self.forward_batching, experience, has_ref=algo.use_kl_loss)
+        mini = cfg.trainer.policy_mini_batch_size * cfg.generator.n_samples_per_prompt
+        row = update_policy(self.group, self.train_batching, self.settings, experience, mini)
+        self.sync_weights()
+        elapsed = time.perf_counter() - started
+        tokens = sum(len(seq["input_ids"]) for seq in experience.sequences)
+        row.update(step=step, reward_mean=float(rewards.mean()), step_time_s=elapsed, tokens_per_s=tokens / elapsed,
+                   generate_time_s=generated - started,
+                   response_length_mean=float(experience.response_lengths.float().mean()))
+        return row
+
+    def sync_weights(self) -> None:
+        state = self.group.call("full_state_dict")[0]
+        self.engine.update_weights(state.items())
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> float:
+        gen = self.cfg.generator
+        records = list(self.val_set)
+        prompts = [components.encode_prompt(self.tokenizer, r, gen.max_prompt_length) for r in records]
+        rollouts = self.engine.generate(prompts, components.sampling_params(gen, _seed(self.cfg, step), True))
+        return float(score(rollouts, [r.answer for r in records], self.reward_fn).mean())
+
+    def save_checkpoint(self, step: int) -> None:
+        staging = checkpoint.staging_dir(self.ckpt_root, step)
+        self.group.call("save_checkpoint", staging)
+        state = {"step": step, "epoch": self.position.epoch, "index": self.position.index}
+        checkpoint.commit(self.ckpt_root, step, state)
+
+    def resume(self) -> int:
+        mode = self.cfg.trainer.resume_mode
+        if mode in (None, "none"):
+            return 0
+        path = checkpoint.latest(self.ckpt_root) if mode == "latest" else mode
+        if path is None:
+            return 0
+        if not checkpoint.is_complete(path):
+            raise ValueError(f"trainer.resume_mode: {path} is not a complete checkpoint (no {checkpoint.MARKER})")
+        state = checkpoint.read_trainer_state(path)
+        self.group.call("load_checkpoint", path)
+        self.position = BatchPosition(state["epoch"], state["index"])
+        self.metrics.truncate_after(state["step"])
+        self.sync_weights()
+        print(f"resumed from {path} (step {state['step']})", flush=True)
+        return int(state["step"])
+
+    def export(self, step: int) -> None:
+        root = self.cfg.trainer.export_path or os.path.join(self.run_dir, "exports")
+        os.makedirs(root, exist_ok=True)
+        self.group.call("export_hf", self.model_path, os.path.join(root, f"global_step_{step}"))
+
+
+def _due(step: int, interval: int, last: int | None = None) -> bool:
+    return bool(interval) and (step % interval == 0 or step == last)
+
+
+def _seed(cfg, step: int) -> int:
+    return cfg.trainer.seed * 100_003 + step

@@ -1,0 +1,30 @@
+"""The reward / validation-accuracy curve of a run, as a PNG beside its metrics."""
+
+from __future__ import annotations
+
+import os
+
+from rl.core.trainer.metrics import read_metrics
+
+
+def plot_curves(run_dir: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, style in (("reward_mean", "-"), ("val_accuracy", "o-")):
+        points = [(row["step"], row[key]) for row in rows if key in row]
+        if points:
+            ax.plot(*zip(*points, strict=True), style, label=key)
+    ax.set_xlabel("step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(os.path.basename(os.path.abspath(run_dir)))
+    path = os.path.join(run_dir, "curves.png")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path

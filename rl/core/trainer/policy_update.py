@@ -1,0 +1,48 @@
+"""One policy update from an Experience: old/reference logprobs, then mini-batches of micro-batches on the workers."""
+
+from __future__ import annotations
+
+from rl.core.algorithms import LossNormalizer, LossSettings
+from rl.core.trainer.batching import MicroBatching, attach, gather
+from rl.core.trainer.experience import Experience
+from rl.core.worker_group import WorkerGroup
+
+
+def micro_batching(cfg, dp_size: int, pad_token_id: int, train: bool) -> MicroBatching:
+    trainer, gen = cfg.trainer, cfg.generator
+    size = trainer.micro_train_batch_size_per_gpu if train else trainer.micro_forward_batch_size_per_gpu
+    budget = trainer.max_tokens_per_micro_batch or size * (gen.max_prompt_length + gen.max_generate_length)
+    return MicroBatching(packed=trainer.use_sample_packing, max_tokens=budget, micro_batch_size=size,
+                         dp_size=dp_size, pad_token_id=pad_token_id)
+
+
+def compute_logprobs(group: WorkerGroup, batching: MicroBatching, experience: Experience, has_ref: bool) -> None:
+    """Adds old_logprobs (policy before the update) and, with a reference model, ref_logprobs to every sequence."""
+    batches = batching.split(experience.sequences)
+    models = ("policy", "ref") if has_ref else ("policy",)
+    for model, field in zip(models, ("old_logprobs", "ref_logprobs"), strict=False):
+        results = group.call_per_rank("logprobs", batches, model)
+        attach(experience.sequences, field, gather(batches, results, len(experience.sequences)))
+
+
+def normalizer(settings: LossSettings, sequences: list[dict], dp_size: int) -> LossNormalizer:
+    """Mini-batch totals, so each micro-batch's loss is its share of the mini-batch loss (see reduction.py)."""
+    tokens = sum(int(seq["loss_mask"].sum()) for seq in sequences)
+    with_loss = sum(1 for seq in sequences if bool(seq["loss_mask"].any()))
+    return LossNormalizer.from_counts(settings.loss_reduction, tokens, with_loss,
+                                      max_generate_length=settings.max_generate_length, dp_world_size=dp_size)
+
+
+def update_policy(group: WorkerGroup, batching: MicroBatching, settings: LossSettings, experience: Experience,
+                  mini_batch_sequences: int) -> dict[str, float]:
+    """One optimizer step per mini-batch; returns the metrics averaged over mini-batches."""
+    sequences = experience.sequences
+    totals: dict[str, float] = {}
+    starts = range(0, len(sequences), mini_batch_sequences)
+    for start in starts:
+        mini = sequences[start:start + mini_batch_sequences]
+        metrics = group.call_per_rank("train_mini_batch", batching.split(mini), settings,
+                                      normalizer(settings, mini, group.size))[0]
+        for name, value in metrics.items():
+            totals[name] = totals.get(name, 0.0) + value / len(starts)
+    return totals

@@ -1,0 +1,45 @@
+"""Runs one training job: the run directory, Ray's lifetime around the trainer, and the final curve."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+from rl.core.config import save_config
+from rl.core.trainer.plots import plot_curves
+
+
+def default_run_dir() -> str:
+    """A new dated folder under runs/ in the workspace (`bazel run` says where that is)."""
+    root = os.environ.get("BUILD_WORKSPACE_DIRECTORY") or os.getcwd()
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return os.path.join(root, "runs", stamp)
+
+
+def prepare_run_dir(run_dir: str, resume_mode: str) -> str:
+    """Creates the run dir; refuses to start a fresh run on top of another run's metrics."""
+    run_dir = os.path.abspath(os.path.expanduser(run_dir))
+    if os.path.exists(os.path.join(run_dir, "metrics.jsonl")) and resume_mode in (None, "none"):
+        raise FileExistsError(
+            f"--run_dir {run_dir} already holds a run (metrics.jsonl); pass trainer.resume_mode=latest to continue "
+            "it, or choose another --run_dir"
+        )
+    os.makedirs(run_dir, exist_ok=True)
+    return run_dir
+
+
+def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None) -> str:
+    """Trains as configured; returns the run directory. Ray is shut down on success, error and Ctrl-C."""
+    from rl.core.trainer.loop import Trainer
+    from rl.core.worker_group import start_ray, stop_ray
+
+    run_dir = prepare_run_dir(run_dir or default_run_dir(), cfg.trainer.resume_mode)
+    save_config(cfg, os.path.join(run_dir, "config.yaml"))
+    print(f"run directory: {run_dir}", flush=True)
+    start_ray(run_dir, ray_address)
+    try:
+        Trainer(cfg, run_dir).fit()
+    finally:
+        stop_ray()
+    print(f"curve: {plot_curves(run_dir)}", flush=True)
+    return run_dir

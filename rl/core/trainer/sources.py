@@ -1,0 +1,35 @@
+"""Resolves where the model and the prompts come from: paths as given, or the embedded default job.
+
+`trainer.policy.model.path=embedded` and data lists holding `embedded` select the built-in job: a small model made
+locally with the project's own tokenizer, briefly warmed up on a synthetic task written in GSM8K's answer format.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+EMBEDDED = "embedded"
+
+
+@dataclass(frozen=True)
+class Sources:
+    model_path: str
+    train_data: list[str]
+    val_data: list[str]
+
+
+def uses_embedded(cfg) -> bool:
+    return EMBEDDED in (cfg.trainer.policy.model.path, *cfg.data.train_data, *(cfg.data.val_data or []))
+
+
+def resolve_sources(cfg, run_dir: str) -> Sources:
+    model_path, train, val = cfg.trainer.policy.model.path, list(cfg.data.train_data), list(cfg.data.val_data or [])
+    if uses_embedded(cfg):
+        from rl.core.embedded.prepare import prepare_embedded_default
+
+        job = prepare_embedded_default(os.path.join(run_dir, "embedded"), seed=cfg.trainer.seed)
+        model_path = job.model_path if model_path == EMBEDDED else model_path
+        train = [job.train_data if path == EMBEDDED else path for path in train]
+        val = [job.val_data if path == EMBEDDED else path for path in val]
+    return Sources(model_path=str(model_path), train_data=[str(p) for p in train], val_data=[str(p) for p in val])

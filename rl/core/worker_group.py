@@ -1,0 +1,86 @@
+"""Training workers as Ray actors forming one torch.distributed group (gloo on CPU, nccl on GPU).
+
+The launcher starts a local Ray instance with its files in the run directory unless an address is given, and always
+shuts Ray down: on success, on error and on Ctrl-C. Without GPUs a placement "GPU" is one worker process.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+# Unix socket paths under Ray's temp dir must stay short (~107 bytes); longer run dirs get a linked temp dir.
+_MAX_RAY_DIR = 48
+
+
+def _ray_temp_dir(run_dir: str) -> str:
+    wanted = os.path.join(os.path.abspath(run_dir), "ray")
+    if len(wanted) <= _MAX_RAY_DIR:
+        os.makedirs(wanted, exist_ok=True)
+        return wanted
+    short = tempfile.mkdtemp(prefix="rl-ray-")
+    if not os.path.lexists(wanted):
+        os.symlink(short, wanted)
+    return short
+
+
+def start_ray(run_dir: str, address: str | None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return
+    ray.init(_temp_dir=_ray_temp_dir(run_dir), include_dashboard=False, num_cpus=max(os.cpu_count() or 1, 2),
+             log_to_driver=True, configure_logging=False)
+
+
+def stop_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+class WorkerGroup:
+    """`num_workers` TrainingWorker actors; `call` runs one method on all of them and returns rank-ordered results."""
+
+    def __init__(self, num_workers: int, seed: int, threads_per_worker: int):
+        import ray
+
+        from rl.backends.worker import TrainingWorker
+
+        use_gpu = torch.cuda.is_available()
+        env = {"OMP_NUM_THREADS": str(threads_per_worker), "RAY_AUTH_MODE": "disabled",
+               "TOKENIZERS_PARALLELISM": "false"}
+        actor = ray.remote(TrainingWorker).options(
+            num_cpus=0 if not use_gpu else 1, num_gpus=1 if use_gpu else 0, runtime_env={"env_vars": env}
+        )
+        self.actors = [actor.remote(rank, num_workers, seed) for rank in range(num_workers)]
+        self.size = num_workers
+
+    def setup(self, strategy: str, policy_spec, ref_spec) -> None:
+        import ray
+
+        host, port = ray.get(self.actors[0].address.remote())
+        self.call("setup", host, port, strategy, policy_spec, ref_spec)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.actors])
+
+    def call_per_rank(self, method: str, per_rank: Sequence[Any], *args: Any) -> list[Any]:
+        """Rank r gets per_rank[r] as its first argument."""
+        import ray
+
+        if len(per_rank) != self.size:
+            raise ValueError(f"{method}: got {len(per_rank)} per-rank inputs for {self.size} workers")
+        return ray.get([getattr(a, method).remote(item, *args) for a, item in zip(self.actors, per_rank, strict=True)])
