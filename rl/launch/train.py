@@ -37,7 +37,11 @@ def main(argv: list[str]) -> int:
         return 2
     from rl.core.trainer.run import run_training
 
-    run_training(cfg, FLAGS.run_dir, FLAGS.ray_address)
+    try:
+        run_training(cfg, FLAGS.run_dir, FLAGS.ray_address)
+    except FileExistsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

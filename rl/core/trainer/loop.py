@@ -14,6 +14,7 @@ from rl.core.data import BatchPosition, batches_per_epoch, iter_batches
 from rl.core.rewards import REWARD_FUNCTIONS
 from rl.core.trainer import checkpoint, components
 from rl.core.trainer.experience import build_experience, score
+from rl.core.trainer.faults import crash_point
 from rl.core.trainer.metrics import MetricsLogger
 from rl.core.trainer.policy_update import compute_logprobs, micro_batching, update_policy
 from rl.core.trainer.sources import resolve_sources
@@ -106,6 +107,7 @@ class Trainer:
     def save_checkpoint(self, step: int) -> None:
         staging = checkpoint.staging_dir(self.ckpt_root, step)
         self.group.call("save_checkpoint", staging)
+        crash_point("checkpoint_written", step)
         state = {"step": step, "epoch": self.position.epoch, "index": self.position.index}
         checkpoint.commit(self.ckpt_root, step, state)
 
