@@ -3,21 +3,14 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import Tensor
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from rl.backends.base import BACKENDS, TrainingBackend
+from rl.backends.dcp_checkpoint import DCPCheckpointMixin
 from rl.backends.hf_model import load_causal_lm
 
 
@@ -36,7 +29,7 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 @BACKENDS.register("fsdp2")
-class FSDP2Backend(TrainingBackend):
+class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
     def build(self) -> None:
         spec = self.spec
         model = load_causal_lm(spec.path, self.dist.device)
@@ -58,19 +51,6 @@ class FSDP2Backend(TrainingBackend):
             self.make_optimizer(model.parameters())
         else:
             model.requires_grad_(False)
-
-    def save_checkpoint(self, path: str) -> None:
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
-        if self.dist.is_main:
-            torch.save(self.scheduler.state_dict(), os.path.join(path, "scheduler.pt"))
-
-    def load_checkpoint(self, path: str) -> None:
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=path)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        self.scheduler.load_state_dict(torch.load(os.path.join(path, "scheduler.pt"), weights_only=True))
 
     def full_state_dict(self) -> dict[str, Tensor]:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -1,5 +1,5 @@
-"""The fsdp2 backend in one process: its Hugging Face export loads in transformers with the trained weights, and its
-DCP checkpoint restores model and optimizer bit for bit."""
+"""Each strategy in one process: its Hugging Face export loads in transformers with the trained weights, and its
+checkpoint restores model and optimizer bit for bit."""
 
 import os
 
@@ -44,13 +44,17 @@ def _train_step(backend):
     return backend.optimizer_step()
 
 
-def _backend(path):
+STRATEGIES = ["fsdp", "fsdp2"]
+
+
+def _backend(path, strategy):
     spec = ModelSpec(path=path, role="policy", temperature=1.0, lr=1e-2)
-    return build_backend("fsdp2", spec, init_distributed(0, 1, "127.0.0.1", 29631))
+    return build_backend(strategy, spec, init_distributed(0, 1, "127.0.0.1", 29631))
 
 
-def test_export_loads_in_transformers_with_the_trained_weights(model_path, tmp_path):
-    backend = _backend(model_path)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_export_loads_in_transformers_with_the_trained_weights(model_path, tmp_path, strategy):
+    backend = _backend(model_path, strategy)
     assert _train_step(backend)["grad_norm"] > 0
     state = backend.full_state_dict()
     out = str(tmp_path / "export")
@@ -70,14 +74,15 @@ def test_export_loads_in_transformers_with_the_trained_weights(model_path, tmp_p
     assert not os.path.exists(out + ".partial")
 
 
-def test_checkpoint_round_trip_restores_training_exactly(model_path, tmp_path):
-    first = _backend(model_path)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_checkpoint_round_trip_restores_training_exactly(model_path, tmp_path, strategy):
+    first = _backend(model_path, strategy)
     _train_step(first)
     first.save_checkpoint(str(tmp_path / "ckpt"))
     expected = _train_step(first)
     expected_state = first.full_state_dict()
 
-    second = _backend(model_path)
+    second = _backend(model_path, strategy)
     second.load_checkpoint(str(tmp_path / "ckpt"))
     got = _train_step(second)
     assert got == expected

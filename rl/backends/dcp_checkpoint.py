@@ -1,0 +1,29 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP): each rank writes its own shards of the model and
+optimizer; the LR schedule, identical on every rank, is written once. Shared by the PyTorch-sharded strategies."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+SCHEDULER_FILE = "scheduler.pt"
+
+
+class DCPCheckpointMixin:
+    """save_checkpoint / load_checkpoint for a backend with `model`, `optimizer`, `scheduler` and `dist`."""
+
+    def save_checkpoint(self, path: str) -> None:
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+        if self.dist.is_main:
+            torch.save(self.scheduler.state_dict(), os.path.join(path, SCHEDULER_FILE))
+
+    def load_checkpoint(self, path: str) -> None:
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        self.scheduler.load_state_dict(torch.load(os.path.join(path, SCHEDULER_FILE), weights_only=True))
