@@ -111,12 +111,13 @@ class TrainingBackend(abc.ABC):
                                            with_entropy)
         return logprobs.cpu(), (entropy.cpu() if entropy is not None else None)
 
-    def backward(self, loss: Tensor) -> None:
+    def backward(self, loss: Tensor, last_micro_batch: bool) -> None:
         loss.backward()
 
-    def forward_backward(self, batch: PackedBatch, settings: LossSettings, normalizer: LossNormalizer
-                         ) -> dict[str, float]:
-        """Adds this micro-batch's share of the mini-batch loss gradient; returns its share of the metrics."""
+    def forward_backward(self, batch: PackedBatch, settings: LossSettings, normalizer: LossNormalizer,
+                         last_micro_batch: bool = True) -> dict[str, float]:
+        """Adds this micro-batch's share of the mini-batch loss gradient; returns its share of the metrics.
+        `last_micro_batch` marks the end of the accumulation window (the optimizer step follows)."""
         real = batch.num_tokens > 0
         batch = (batch if real else _placeholder_batch()).to(self.dist.device)
         self.forward_module().train()
@@ -128,7 +129,7 @@ class TrainingBackend(abc.ABC):
             num_sequences=batch.num_sequences,
         )
         # A rank with no sequences still runs forward/backward so its collectives stay in step with the others.
-        self.backward(loss if real else loss * 0.0)
+        self.backward(loss if real else loss * 0.0, last_micro_batch)
         out = {name: float(value) for name, value in metrics.items()} if real else {}
         out["loss"] = float(loss.detach()) / normalizer.dp_world_size if real else 0.0
         return out

@@ -25,8 +25,10 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
     use_cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     if not dist.is_initialized():
+        # Each worker sees one device (Ray sets CUDA_VISIBLE_DEVICES per actor): its local rank is 0 on GPU.
+        local_rank = 0 if use_cuda else rank
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
-                          WORLD_SIZE=str(world_size))
+                          WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size,
                                 device_id=device if use_cuda else None)
     return DistInfo(rank=rank, world_size=world_size, device=device)

@@ -45,8 +45,9 @@ class TrainingWorker:
                          ) -> dict[str, float]:
         """Accumulates gradients over the micro-batches, steps the optimizer, returns mini-batch metrics."""
         totals: dict[str, float] = {}
-        for batch in micro_batches:
-            for name, value in self.policy.forward_backward(batch, settings, normalizer).items():
+        for i, batch in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            for name, value in self.policy.forward_backward(batch, settings, normalizer, last).items():
                 totals[name] = totals.get(name, 0.0) + value
         names = sorted(totals)
         summed = dict(zip(names, all_reduce_sum([totals[n] for n in names], self.policy.dist.device), strict=True))

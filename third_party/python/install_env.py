@@ -62,7 +62,10 @@ def build_env(lock_path: str, venv_dir: str, sdist_packages: set[str]) -> None:
     python = os.path.join(venv_dir, "bin", "python3")
     pip_install(python, wheels, lock_path, ["--only-binary=:all:"], {})
     if sdists:
-        pip_install(python, sdists, lock_path, ["--no-build-isolation"], {"DS_BUILD_OPS": "0"})
+        # DeepSpeed's ops are JIT-built when first used, except the CPU shared-memory all-reduce, which every CPU
+        # run initializes: build that one now. Built wheels depend on these variables, so pip's cache is bypassed.
+        pip_install(python, sdists, lock_path, ["--no-build-isolation", "--no-cache-dir"],
+                    {"DS_BUILD_OPS": "0", "DS_BUILD_SHM_COMM": "1"})
     check = subprocess.run([sys.executable, "-m", "pip", "--python", python, "check"], capture_output=True, text=True)
     if check.returncode != 0:
         raise EnvError(f"pip check found inconsistent requirements in {lock_path}:\n{check.stdout}{check.stderr}")

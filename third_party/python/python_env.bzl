@@ -21,7 +21,7 @@ def _python_env_impl(rctx):
         fail("python_env: RL_PYTHON_LOCK must be 'cpu' or 'gpu', got '%s'" % flavour)
     lock = rctx.path(rctx.attr.lock if flavour == "cpu" else rctx.attr.gpu_lock)
     version = _run(rctx, [python, "-c", "import sys; print(sys.version)"], "reading the interpreter version")
-    rctx.file("lock_key.txt", rctx.read(lock) + version + flavour)
+    rctx.file("lock_key.txt", rctx.read(lock) + version + flavour + rctx.read(rctx.attr._installer))
     venv = str(rctx.path("venv-" + _run(rctx, ["sha256sum", "lock_key.txt"], "hashing the lock")[:12]))
 
     rctx.report_progress("installing the pinned environment from " + lock.basename)

@@ -44,7 +44,7 @@ def _train_step(backend):
     return backend.optimizer_step()
 
 
-STRATEGIES = ["fsdp", "fsdp2"]
+STRATEGIES = ["deepspeed", "fsdp", "fsdp2"]
 
 
 def _backend(path, strategy):

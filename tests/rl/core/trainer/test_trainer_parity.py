@@ -14,11 +14,15 @@ from tests.testing.tiny_job import make_tiny_job, run_train
 # non-zero, so the comparison covers the whole loss.
 NONZERO = ["data.reward_fn=gsm8k_flexible", "trainer.algorithm.use_entropy_loss=true"]
 COMPARED = ("loss", "pg_loss", "entropy", "grad_norm", "kl")
+ZERO3 = "deepspeed_config.train.zero_optimization.stage=3"
 LAYOUTS = [
-    ("fsdp2", 2, True),
-    ("fsdp2", 1, False),
-    ("fsdp", 1, True),
-    ("fsdp", 2, False),
+    ("fsdp2", 2, True, ()),
+    ("fsdp2", 1, False, ()),
+    ("fsdp", 1, True, ()),
+    ("fsdp", 2, False, ()),
+    ("deepspeed", 1, False, ()),
+    ("deepspeed", 2, True, ()),
+    ("deepspeed", 2, True, (ZERO3,)),
 ]
 
 
@@ -27,8 +31,8 @@ def job(tmp_path_factory):
     return make_tiny_job(str(tmp_path_factory.mktemp("job")))
 
 
-def _first_step(run_dir: str, job, strategy: str, workers: int, packed: bool) -> dict:
-    overrides = [*job.overrides(steps=1), *NONZERO, f"trainer.strategy={strategy}",
+def _first_step(run_dir: str, job, strategy: str, workers: int, packed: bool, extra=()) -> dict:
+    overrides = [*job.overrides(steps=1), *NONZERO, *extra, f"trainer.strategy={strategy}",
                  f"trainer.placement.policy_num_gpus_per_node={workers}",
                  f"trainer.use_sample_packing={str(packed).lower()}"]
     result = run_train(run_dir, overrides)
@@ -41,10 +45,11 @@ def reference(job, tmp_path_factory):
     return _first_step(str(tmp_path_factory.mktemp("reference")), job, "fsdp2", 1, True)
 
 
-@pytest.mark.parametrize(("strategy", "workers", "packed"), LAYOUTS,
-                         ids=[f"{s}-{w}w-{'packed' if p else 'padded'}" for s, w, p in LAYOUTS])
-def test_first_step_matches_the_reference(job, reference, tmp_path, strategy, workers, packed):
-    got = _first_step(str(tmp_path / "run"), job, strategy, workers, packed)
+@pytest.mark.parametrize(("strategy", "workers", "packed", "extra"), LAYOUTS,
+                         ids=[f"{s}-{w}w-{'packed' if p else 'padded'}{'-zero3' if e else ''}"
+                              for s, w, p, e in LAYOUTS])
+def test_first_step_matches_the_reference(job, reference, tmp_path, strategy, workers, packed, extra):
+    got = _first_step(str(tmp_path / "run"), job, strategy, workers, packed, extra)
     assert got["reward_mean"] == reference["reward_mean"], "generation must not depend on the training layout"
     assert reference["grad_norm"] > 0
     for key in COMPARED:

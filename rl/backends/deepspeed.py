@@ -1,0 +1,105 @@
+"""Strategy `deepspeed`: a DeepSpeed engine with ZeRO stage 1-3 around the Hugging Face model.
+
+`deepspeed_config.train` (policy) and `deepspeed_config.eval` (reference) are merged over deepspeed_defaults.yaml
+and passed to DeepSpeed as they are. The trainer keeps control of accumulation: every micro-batch is a backward,
+and the optimizer step happens at the accumulation boundary the trainer marks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+
+import yaml
+from torch import Tensor
+
+from rl.backends.base import BACKENDS, TrainingBackend
+from rl.backends.hf_model import load_causal_lm
+
+DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "deepspeed_defaults.yaml")
+CHECKPOINT_TAG = "state"
+
+
+def merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def engine_config(section: str, user: dict, max_grad_norm: float, cuda: bool) -> dict:
+    with open(DEFAULTS_FILE) as f:
+        config = merge(yaml.safe_load(f)[section], user or {})
+    config.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1)
+    if section == "train":
+        config.setdefault("gradient_clipping", max_grad_norm)
+    config.setdefault("bf16", {"enabled": cuda})
+    return config
+
+
+@BACKENDS.register("deepspeed")
+class DeepSpeedBackend(TrainingBackend):
+    def build(self) -> None:
+        import deepspeed
+
+        spec, cuda = self.spec, self.dist.device.type == "cuda"
+        model = load_causal_lm(spec.path, self.dist.device)
+        if spec.gradient_checkpointing and self.trainable:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        section = "train" if self.trainable else "eval"
+        self.config = engine_config(section, spec.backend_options or {}, spec.max_grad_norm, cuda)
+        if self.trainable:
+            self.make_optimizer(model.parameters())
+        else:
+            model.requires_grad_(False)
+        self.engine, *_ = deepspeed.initialize(model=model, optimizer=self.optimizer, lr_scheduler=self.scheduler,
+                                               config=self.config, dist_init_required=False)
+        self.model = self.engine.module
+
+    @property
+    def zero_stage(self) -> int:
+        return int(self.config.get("zero_optimization", {}).get("stage", 0))
+
+    def forward_module(self):
+        return self.engine
+
+    def backward(self, loss: Tensor, last_micro_batch: bool) -> None:
+        # ZeRO reduces the accumulated gradients during the backward that closes the window.
+        self.engine.set_gradient_accumulation_boundary(last_micro_batch)
+        self.engine.backward(loss)
+
+    def optimizer_step(self) -> dict[str, float]:
+        lr = self.engine.get_lr()[0]
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return {"grad_norm": float(norm) if norm is not None else 0.0, "lr": lr}
+
+    def save_checkpoint(self, path: str) -> None:
+        self.engine.save_checkpoint(path, tag=CHECKPOINT_TAG)
+
+    def load_checkpoint(self, path: str) -> None:
+        self.engine.load_checkpoint(path, tag=CHECKPOINT_TAG, load_optimizer_states=True,
+                                    load_lr_scheduler_states=True)
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        import deepspeed
+
+        gathered = (deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None)
+                    if self.zero_stage == 3 else contextlib.nullcontext())
+        with gathered:
+            if not self.dist.is_main:
+                return {}
+            return {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()}
+
+    def offload(self) -> None:
+        if self.dist.device.type == "cuda" and self.zero_stage == 3:
+            self.engine.offload_states()
+        else:
+            super().offload()
+
+    def reload(self) -> None:
+        if self.dist.device.type == "cuda" and self.zero_stage == 3:
+            self.engine.reload_states()
+        else:
+            super().reload()
