@@ -16,7 +16,8 @@ class ModelConfig:
     """Where a model's weights come from."""
 
     path: str
-    """Hugging Face model id or local directory of the policy (and reference) model. `~` is expanded."""
+    """Hugging Face model id or local directory of the policy (and reference) model. `~` is expanded. `embedded`
+    builds the embedded default job's small model (tokenizer, config and a short supervised warm-up, all local)."""
 
 
 @dataclass(kw_only=True)
@@ -262,7 +263,8 @@ class DataConfig:
     """Datasets and the reward."""
 
     train_data: list[str]
-    """Training files (parquet or jsonl); at least one. `~` is expanded. A single path is accepted."""
+    """Training files (parquet or jsonl); at least one. `~` is expanded. A single path is accepted. `embedded` is the
+    embedded default job's synthetic task (built in the run directory)."""
 
     val_data: list[str]
     """Evaluation files; may be empty (no evaluation). `~` is expanded."""
