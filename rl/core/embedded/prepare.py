@@ -1,0 +1,140 @@
+"""Prepare the embedded default job: task data, tokenizer and a warmed-up small model, under one work directory.
+
+Layout of `workdir`: `data/train.parquet`, `data/validation.parquet` (the prompt-file layout `rl.core.data` reads)
+and `model/` (an HF checkpoint with the tokenizer). `model/` is built in a temporary directory and renamed into
+place with its marker file `embedded.json` written last, so a half-built checkpoint is never used; a call whose
+recipe matches the marker of an existing checkpoint reuses it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rl.core.embedded.model import build_model, save_pretrained_model, tiny_model_config
+from rl.core.embedded.task import SPLIT_FILES, make_task_rows, write_task_dataset
+from rl.core.embedded.tokenizer import build_tokenizer
+from rl.core.embedded.warmup import careless_demonstrations, greedy_accuracy, sft_warmup
+
+MARKER = "embedded.json"
+RECIPE_VERSION = 1
+DEFAULT_SEED = 42
+WARMUP_STEPS = 300
+MAX_NEW_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that determines the prepared job; a checkpoint is reused only when its recipe is equal."""
+
+    seed: int = DEFAULT_SEED
+    warmup_steps: int = WARMUP_STEPS
+    warmup_lr: float = 3e-3
+    warmup_batch_size: int = 64
+    forget_rate: float = 0.75
+    model_size: str = "tiny"
+    n_train: int = 4000
+    n_val: int = 200
+    version: int = RECIPE_VERSION
+
+
+@dataclass(frozen=True)
+class EmbeddedDefault:
+    """Paths for `trainer.policy.model.path`, `data.train_data` and `data.val_data`, and the warm-up's figures."""
+
+    model_path: Path
+    train_data: Path
+    val_data: Path
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def prepare_embedded_default(
+    workdir: str | Path,
+    seed: int = DEFAULT_SEED,
+    warmup_steps: int = WARMUP_STEPS,
+    log: Callable[[str], None] | None = print,
+) -> EmbeddedDefault:
+    """Write the task data and build the warmed-up model under `workdir`, or reuse what a previous call built."""
+    root = Path(workdir).expanduser()
+    recipe = Recipe(seed=seed, warmup_steps=warmup_steps)
+    data_dir, model_dir = root / "data", root / "model"
+    train_path, val_path = data_dir / SPLIT_FILES["train"], data_dir / SPLIT_FILES["validation"]
+    marker = read_marker(model_dir)
+    reuse = marker.get("recipe") == asdict(recipe) and isinstance(marker.get("metrics"), dict)
+    if not (reuse and train_path.is_file() and val_path.is_file()):
+        write_task_dataset(data_dir, recipe.n_train, recipe.n_val, recipe.seed)
+    if reuse:
+        metrics = marker["metrics"]
+        if log is not None:
+            log(f"embedded default: reusing {model_dir} (greedy validation accuracy {metrics['val_accuracy']:.3f})")
+    else:
+        metrics = build_checkpoint(model_dir, recipe, log)
+    return EmbeddedDefault(model_path=model_dir, train_data=train_path, val_data=val_path, metrics=metrics)
+
+
+def read_marker(model_dir: Path) -> dict:
+    """The marker of a completed checkpoint, or {} when there is none or it cannot be read."""
+    try:
+        return json.loads((model_dir / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def build_checkpoint(model_dir: Path, recipe: Recipe, log: Callable[[str], None] | None) -> dict[str, float]:
+    """Build, warm up and save the model in a temporary directory, then move it to `model_dir`."""
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
+    try:
+        metrics = warm_up_model(staging, recipe, log)
+        (staging / MARKER).write_text(json.dumps({"recipe": asdict(recipe), "metrics": metrics}, indent=2) + "\n")
+        install(staging, model_dir, recipe)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return metrics
+
+
+def warm_up_model(directory: Path, recipe: Recipe, log: Callable[[str], None] | None) -> dict[str, float]:
+    """Make the tokenizer and model, run the supervised warm-up, measure it and save the checkpoint."""
+    tokenizer = build_tokenizer()
+    model = build_model(tiny_model_config(tokenizer, recipe.model_size), recipe.seed)
+    train = make_task_rows(recipe.n_train, recipe.seed, "train")
+    demonstrations = careless_demonstrations(train, recipe.forget_rate, recipe.seed)
+    if log is not None:
+        log(f"embedded default: warming up a {recipe.model_size} model for {recipe.warmup_steps} steps")
+    result = sft_warmup(
+        model, tokenizer, demonstrations, recipe.warmup_steps, recipe.warmup_lr, recipe.warmup_batch_size, recipe.seed
+    )
+    validation = make_task_rows(recipe.n_val, recipe.seed, "validation")
+    metrics = {
+        "warmup_loss_first": result["loss_first"],
+        "warmup_loss_last": result["loss_last"],
+        "warmup_seconds": result["seconds"],
+        "val_accuracy": greedy_accuracy(model, tokenizer, validation, MAX_NEW_TOKENS),
+    }
+    if log is not None:
+        log(
+            f"embedded default: warm-up took {metrics['warmup_seconds']:.1f}s, loss {metrics['warmup_loss_first']:.3f}"
+            f" -> {metrics['warmup_loss_last']:.3f}, greedy validation accuracy {metrics['val_accuracy']:.3f}"
+        )
+    save_pretrained_model(model, tokenizer, directory)
+    return metrics
+
+
+def install(staging: Path, model_dir: Path, recipe: Recipe) -> None:
+    """Rename `staging` to `model_dir`, replacing an older checkpoint there; a matching one built meanwhile wins."""
+    if model_dir.exists():
+        if read_marker(model_dir).get("recipe") == asdict(recipe):
+            return
+        retired = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.old.", dir=model_dir.parent))
+        os.replace(model_dir, retired / model_dir.name)
+        shutil.rmtree(retired, ignore_errors=True)
+    try:
+        os.rename(staging, model_dir)
+    except OSError as err:
+        if read_marker(model_dir).get("recipe") != asdict(recipe):
+            raise OSError(f"{model_dir}: cannot install the embedded checkpoint ({err}); remove the directory") from err
