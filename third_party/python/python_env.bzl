@@ -31,8 +31,10 @@ def _python_env_impl(rctx):
     _run(rctx, args, "building the environment")
 
     py = venv + "/bin/python3"
-    rctx.symlink(_run(rctx, [py, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"], "headers"),
-                 "python_include")
+    rctx.symlink(
+        _run(rctx, [py, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"], "headers"),
+        "python_include",
+    )
     rctx.symlink(_run(rctx, [py, "-c", "import pybind11; print(pybind11.get_include())"], "pybind11"), "pybind11_include")
     rctx.template("BUILD.bazel", rctx.attr._build_tpl, {"{FLAVOUR}": flavour, "{VENV}": venv}, executable = False)
     rctx.file("venv_path.txt", venv + "\n")
