@@ -118,14 +118,17 @@ def make_task_rows(n: int, seed: int, split: str, spec: TaskSpec | None = None) 
 def draw(pool: list[Problem], n: int, carry_share: float | None, rng: random.Random, where: str) -> list[Problem]:
     """`n` distinct problems of `pool` in random order, round(carry_share * n) of them carrying (if not None)."""
     if carry_share is None:
-        groups = [(pool, n)]
+        groups = {"any": (pool, n)}
     else:
         with_carry = round(carry_share * n)
-        groups = [([p for p in pool if p.carries], with_carry), ([p for p in pool if not p.carries], n - with_carry)]
-    if n < 1 or any(wanted > len(group) for group, wanted in groups):
-        sizes = " and ".join(f"{wanted} of {len(group)}" for group, wanted in groups)
-        raise ValueError(f"n={n} rows asked of {where}: needs {sizes} problems (carrying, then not); lower n")
-    chosen = [problem for group, wanted in groups for problem in rng.sample(group, wanted)]
+        groups = {
+            "carrying": ([p for p in pool if p.carries], with_carry),
+            "not carrying": ([p for p in pool if not p.carries], n - with_carry),
+        }
+    if n < 1 or any(wanted > len(group) for group, wanted in groups.values()):
+        needs = ", ".join(f"{wanted} {kind} of {len(group)}" for kind, (group, wanted) in groups.items())
+        raise ValueError(f"n={n} rows asked of {where}, which needs {needs} problems; pick a smaller n")
+    chosen = [problem for group, wanted in groups.values() for problem in rng.sample(group, wanted)]
     rng.shuffle(chosen)
     return chosen
 
