@@ -1,0 +1,161 @@
+"""From hidden states [N, H] and the LM-head weight [V, H] to token logprobs or the loss, a chunk of tokens at a time.
+
+Only one chunk's logits ([chunk, V] fp32 plus two work buffers of that size) exist at once, never all [N, V].
+`chunked_token_logprobs` recomputes a chunk's logits in backward; `chunked_policy_loss` knows the per-token loss
+gradients as soon as a chunk's logprobs exist, so it computes grad_hidden / grad_weight in the forward and the
+backward only scales them (three matmuls in all, like the unchunked eager path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+
+from rl.core.algorithms import LossNormalizer, LossSettings
+from rl.kernels.reference.policy_terms import LossPlan, loss_terms, metrics_dict, plan_loss
+
+# Logit elements per chunk (32 Mi fp32 = 128 MiB): the token chunk is this divided by the vocabulary size.
+CHUNK_ELEMENTS = 1 << 25
+
+
+def token_chunk(num_tokens: int, vocab: int, chunk_size: int | None) -> int:
+    if chunk_size is not None:
+        return max(1, int(chunk_size))
+    return max(1, min(max(num_tokens, 1), CHUNK_ELEMENTS // vocab))
+
+
+def _check(hidden: Tensor, weight: Tensor, targets: Tensor) -> None:
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if targets.shape != hidden.shape[:1]:
+        raise ValueError(f"targets must be [N]={hidden.shape[0]}, got {tuple(targets.shape)}")
+
+
+def _chunk_softmax(hidden_c: Tensor, weight: Tensor, targets_c: Tensor, temperature: float):
+    """(log-softmax [C, V] fp32, softmax [C, V] fp32, logprob [C], entropy [C]) of one chunk."""
+    logits = (hidden_c @ weight.T).float().div_(temperature)
+    logp = torch.log_softmax(logits, dim=-1)
+    del logits
+    p = logp.exp()
+    entropy = -torch.linalg.vecdot(p, logp)
+    return logp, p, logp.gather(1, targets_c.long()[:, None]).squeeze(1), entropy
+
+
+def _chunk_grad_logits(logp, p, entropy, targets_c, grad_lp, grad_h, temperature) -> Tensor:
+    """d loss / d logits of one chunk, in place over `logp` and `p`:
+    grad = g_lp (onehot - p) - g_h p (logp + H), divided by T."""
+    grad = logp.add_(entropy[:, None]).mul_(p).mul_(-grad_h[:, None])
+    grad.sub_(p.mul_(grad_lp[:, None]))
+    grad.scatter_add_(1, targets_c.long()[:, None], grad_lp[:, None])
+    return grad.div_(temperature)
+
+
+def _backprop_chunk(grad_logits, hidden_c, weight, grad_weight) -> Tensor:
+    grad_logits = grad_logits.to(weight.dtype)
+    if grad_weight is not None:
+        grad_weight.addmm_(grad_logits.T.to(grad_weight.dtype), hidden_c.to(grad_weight.dtype))
+    return grad_logits @ weight
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk):
+        out_lp, out_h = hidden.new_empty(hidden.shape[0], dtype=torch.float32), None
+        out_h = torch.empty_like(out_lp)
+        for start in range(0, hidden.shape[0], chunk):
+            sl = slice(start, start + chunk)
+            _, _, out_lp[sl], out_h[sl] = _chunk_softmax(hidden[sl], weight, targets[sl], temperature)
+        ctx.save_for_backward(hidden, weight, targets, out_h)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return out_lp, out_h
+
+    @staticmethod
+    def backward(ctx, grad_lp, grad_h):
+        hidden, weight, targets, _ = ctx.saved_tensors
+        grad_lp = torch.zeros(hidden.shape[0], device=hidden.device) if grad_lp is None else grad_lp.float()
+        grad_h = torch.zeros_like(grad_lp) if grad_h is None else grad_h.float()
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        for start in range(0, hidden.shape[0], ctx.chunk):
+            sl = slice(start, start + ctx.chunk)
+            logp, p, _, entropy = _chunk_softmax(hidden[sl], weight, targets[sl], ctx.temperature)
+            g = _chunk_grad_logits(logp, p, entropy, targets[sl], grad_lp[sl], grad_h[sl], ctx.temperature)
+            grad_hidden[sl] = _backprop_chunk(g, hidden[sl], weight, grad_weight)
+        grad_weight = grad_weight.to(weight.dtype) if grad_weight is not None else None
+        return grad_hidden, grad_weight, None, None, None
+
+
+def chunked_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float = 1.0,
+                           chunk_size: int | None = None) -> tuple[Tensor, Tensor]:
+    """(logprob [N], entropy [N]) fp32 of softmax(hidden @ weight.T / T), differentiable w.r.t. hidden and weight."""
+    _check(hidden, weight, targets)
+    chunk = token_chunk(hidden.shape[0], weight.shape[0], chunk_size)
+    return _ChunkedLogprobs.apply(hidden, weight, targets, float(temperature), chunk)
+
+
+def _slice_plan(plan: LossPlan, sl: slice) -> LossPlan:
+    return dataclasses.replace(plan, weight=plan.weight[sl], metric_weight=plan.metric_weight[sl],
+                               token_weight=plan.token_weight[sl])
+
+
+class _ChunkedLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, old, adv, ref, plan, temperature, chunk):
+        want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
+        loss = torch.zeros((), device=hidden.device)
+        totals = torch.zeros(6, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk):
+            sl = slice(start, start + chunk)
+            logp, p, lp, entropy = _chunk_softmax(hidden[sl], weight, targets[sl], temperature)
+            token_loss, g_lp, g_h, metrics = loss_terms(_slice_plan(plan, sl), lp, entropy, old[sl], adv[sl],
+                                                        None if ref is None else ref[sl])
+            loss += token_loss.sum()
+            totals += metrics.sum(0)
+            if want_hidden or want_weight:
+                g = _chunk_grad_logits(logp, p, entropy, targets[sl], g_lp, g_h, temperature)
+                out = _backprop_chunk(g, hidden[sl], weight, grad_weight)
+                if want_hidden:
+                    grad_hidden[sl] = out
+        ctx.grads = (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype))
+        ctx.mark_non_differentiable(totals)
+        return loss, totals
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_totals):
+        grad_hidden, grad_weight = ctx.grads
+        del ctx.grads
+        scale = lambda g: None if g is None else g * grad_loss.to(g.dtype)  # noqa: E731
+        return scale(grad_hidden), scale(grad_weight), None, None, None, None, None, None, None
+
+
+def chunked_policy_loss(
+    settings: LossSettings,
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    normalizer: LossNormalizer,
+    *,
+    ref_logprobs: Tensor | None = None,
+    seq_ids: Tensor | None = None,
+    num_sequences: int | None = None,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """(loss, metrics) of `compute_policy_loss` on the logprobs of softmax(hidden @ weight.T / T), flat [N] tokens,
+    without ever holding the [N, V] logits; differentiable w.r.t. hidden and weight."""
+    _check(hidden, weight, targets)
+    if settings.use_kl_loss and ref_logprobs is None:
+        raise ValueError("trainer.algorithm.use_kl_loss is on but no ref_logprobs were given")
+    plan = plan_loss(settings, normalizer, loss_mask, seq_ids, num_sequences)
+    chunk = token_chunk(hidden.shape[0], weight.shape[0], chunk_size)
+    loss, totals = _ChunkedLoss.apply(hidden, weight, targets, old_logprobs, advantages, ref_logprobs, plan,
+                                      float(temperature), chunk)
+    return loss, metrics_dict(plan, totals, ref_logprobs is not None)

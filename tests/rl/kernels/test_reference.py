@@ -1,0 +1,140 @@
+"""Torch reference ops against plain eager formulas and rl/core's `compute_policy_loss` (the independent oracles)."""
+
+import pytest
+import torch
+
+from rl.core.algorithms import compute_policy_loss
+from rl.kernels import reference as ref_ops
+from tests.rl.kernels.cases import LENGTHS, SETTINGS, packed_batch
+
+
+def eager_logprobs(logits, targets, temperature=1.0):
+    logp = torch.log_softmax(logits.float() / temperature, -1)
+    return logp.gather(1, targets[:, None].long()).squeeze(1), -(logp.exp() * logp).sum(-1)
+
+
+def oracle_loss(settings, logprob, entropy, b, normalizer):
+    return compute_policy_loss(settings, logprob, b.old, b.adv, b.mask, normalizer, ref_logprobs=b.ref,
+                               entropy=entropy, seq_ids=b.seq_ids, num_sequences=b.num_sequences)
+
+
+def test_cu_seqlens_and_position_ids_by_hand():
+    cu = ref_ops.cu_seqlens_from_lengths(torch.tensor([2, 0, 1, 3]))
+    assert cu.tolist() == [0, 2, 2, 3, 6] and cu.dtype == torch.int32
+    assert ref_ops.position_ids(cu).tolist() == [0, 1, 0, 0, 1, 2]
+    assert ref_ops.position_ids(ref_ops.cu_seqlens_from_lengths(torch.tensor([0, 0]))).numel() == 0
+
+
+def test_pack_unpack_round_trip_by_hand():
+    padded = torch.tensor([[1, 2, 9], [9, 9, 9], [3, 9, 9], [4, 5, 6]])
+    lengths = torch.tensor([2, 0, 1, 3])
+    packed = ref_ops.pack(padded, lengths)
+    assert packed.tolist() == [1, 2, 3, 4, 5, 6]
+    back = ref_ops.unpack(packed, lengths, 3, pad_value=-1)
+    assert back.tolist() == [[1, 2, -1], [-1, -1, -1], [3, -1, -1], [4, 5, 6]]
+    feats = torch.randn(4, 3, 5)
+    torch.testing.assert_close(ref_ops.unpack(ref_ops.pack(feats, lengths), lengths, 3)[0, :2], feats[0, :2])
+    with pytest.raises(ValueError, match="exceeds the padded width"):
+        ref_ops.pack(padded, torch.tensor([4, 0, 0, 0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_token_logprobs_entropy_matches_log_softmax(dtype, temperature):
+    b = packed_batch(dtype=dtype)
+    logits = b.logits.clone().requires_grad_()
+    lp, h = ref_ops.token_logprobs_entropy(logits, b.targets, temperature, block_size=7)
+    eager_in = b.logits.clone().requires_grad_()
+    lp0, h0 = eager_logprobs(eager_in, b.targets, temperature)
+    torch.testing.assert_close(lp, lp0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(h, h0, atol=1e-5, rtol=1e-5)
+    w1, w2 = torch.randn(lp.shape), torch.randn(lp.shape)
+    (g,) = torch.autograd.grad((lp * w1 + h * w2).sum(), logits)
+    (g0,) = torch.autograd.grad((lp0 * w1 + h0 * w2).sum(), eager_in)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(g, g0, atol=tol, rtol=tol)
+    assert g.dtype == dtype
+
+
+def test_logprobs_handle_masked_vocabulary():
+    logits = torch.randn(4, 10)
+    logits[:, 3:6] = float("-inf")
+    targets = torch.tensor([0, 1, 2, 9])
+    lp, h = ref_ops.token_logprobs_entropy(logits, targets, block_size=3)
+    lp0, _ = eager_logprobs(logits, targets)
+    p = torch.softmax(logits, -1)
+    torch.testing.assert_close(lp, lp0)
+    torch.testing.assert_close(h, -(p[:, p[0] > 0] * p[:, p[0] > 0].log()).sum(-1))
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+@pytest.mark.parametrize("dp", [1, 2])
+def test_fused_loss_matches_compute_policy_loss(name, dp):
+    settings = SETTINGS[name]
+    b = packed_batch()
+    normalizer = settings.normalizer(b.mask, seq_ids=b.seq_ids, num_sequences=b.num_sequences, dp_world_size=dp)
+    logits = b.logits.clone().requires_grad_()
+    loss, metrics = ref_ops.fused_policy_loss(settings, logits, b.targets, b.old, b.adv, b.mask, normalizer,
+                                              ref_logprobs=b.ref, seq_ids=b.seq_ids, num_sequences=b.num_sequences,
+                                              temperature=0.8, block_size=16)
+    loss.backward()
+    eager_in = b.logits.clone().requires_grad_()
+    lp0, h0 = eager_logprobs(eager_in, b.targets, 0.8)
+    loss0, metrics0 = oracle_loss(settings, lp0, h0, b, normalizer)
+    loss0.backward()
+    torch.testing.assert_close(loss, loss0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits.grad, eager_in.grad, atol=1e-6, rtol=1e-4)
+    assert set(metrics) == set(metrics0)
+    for key in metrics0:
+        torch.testing.assert_close(metrics[key], metrics0[key], atol=1e-5, rtol=1e-5, msg=key)
+
+
+def test_fused_loss_rejects_gspo_naming_the_key():
+    from rl.core.algorithms import LossSettings
+
+    settings = LossSettings(policy_loss_type="gspo", loss_reduction="sequence_mean")
+    b = packed_batch()
+    normalizer = settings.normalizer(b.mask, seq_ids=b.seq_ids, num_sequences=b.num_sequences)
+    with pytest.raises(ValueError, match="trainer.algorithm.policy_loss_type"):
+        ref_ops.fused_policy_loss(settings, b.logits, b.targets, b.old, b.adv, b.mask, normalizer)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_logprobs_match_full_logits(dtype):
+    g = torch.Generator().manual_seed(1)
+    n, hdim, vocab = sum(LENGTHS), 12, 40
+    hidden = torch.randn(n, hdim, generator=g).to(dtype).requires_grad_()
+    weight = torch.randn(vocab, hdim, generator=g).to(dtype).requires_grad_()
+    targets = torch.randint(0, vocab, (n,), generator=g)
+    lp, h = ref_ops.chunked_token_logprobs(hidden, weight, targets, 0.9, chunk_size=5)
+    lp0, h0 = eager_logprobs(hidden @ weight.T, targets, 0.9)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(lp, lp0, atol=tol, rtol=tol)
+    torch.testing.assert_close(h, h0, atol=tol, rtol=tol)
+    w1, w2 = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    grads = torch.autograd.grad((lp * w1 + h * w2).sum(), (hidden, weight))
+    grads0 = torch.autograd.grad((lp0 * w1 + h0 * w2).sum(), (hidden, weight))
+    for got, want in zip(grads, grads0, strict=True):
+        torch.testing.assert_close(got, want, atol=10 * tol, rtol=10 * tol)
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_chunked_loss_matches_compute_policy_loss(name):
+    settings = SETTINGS[name]
+    b = packed_batch(vocab=40)
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(b.targets.numel(), 12, generator=g, requires_grad=True)
+    weight = torch.randn(40, 12, generator=g, requires_grad=True)
+    normalizer = settings.normalizer(b.mask, seq_ids=b.seq_ids, num_sequences=b.num_sequences)
+    loss, metrics = ref_ops.chunked_policy_loss(settings, hidden, weight, b.targets, b.old, b.adv, b.mask,
+                                                normalizer, ref_logprobs=b.ref, seq_ids=b.seq_ids,
+                                                num_sequences=b.num_sequences, chunk_size=4)
+    grads = torch.autograd.grad(2.0 * loss, (hidden, weight))
+    lp0, h0 = eager_logprobs(hidden @ weight.T, b.targets)
+    loss0, metrics0 = oracle_loss(settings, lp0, h0, b, normalizer)
+    grads0 = torch.autograd.grad(2.0 * loss0, (hidden, weight))
+    torch.testing.assert_close(loss, loss0, atol=1e-5, rtol=1e-5)
+    for got, want in zip(grads, grads0, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    for key in metrics0:
+        torch.testing.assert_close(metrics[key], metrics0[key], atol=1e-5, rtol=1e-5, msg=key)
