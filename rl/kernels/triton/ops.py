@@ -1,0 +1,155 @@
+"""Python entry points of the Triton kernels: same signatures and results as rl/kernels/reference."""
+
+from __future__ import annotations
+
+import torch
+import triton
+from torch import Tensor
+
+from rl.core.algorithms import LossNormalizer, LossSettings
+from rl.kernels.reference.packing import check_lengths
+from rl.kernels.reference.policy_terms import metrics_dict, plan_loss
+from rl.kernels.triton.logprobs_kernels import logprobs_bwd_kernel, logprobs_fwd_kernel
+from rl.kernels.triton.loss_kernels import fused_loss_kernel
+from rl.kernels.triton.packing_kernels import cu_seqlens_kernel, pack_kernel, position_ids_kernel, unpack_kernel
+
+MAX_BLOCK_V = 4096
+BLOCK_T = 64
+
+
+def _block_v(vocab: int) -> int:
+    return min(MAX_BLOCK_V, triton.next_power_of_2(max(vocab, 1)))
+
+
+def _block_d(feat: int) -> int:
+    return min(64, triton.next_power_of_2(max(feat, 1)))
+
+
+def _as_storage(t: Tensor) -> Tensor:
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+
+def cu_seqlens_from_lengths(lengths: Tensor) -> Tensor:
+    check_lengths(lengths)
+    cu = torch.empty(lengths.numel() + 1, dtype=torch.int32, device=lengths.device)
+    cu_seqlens_kernel[(1,)](lengths.to(torch.int32).contiguous(), cu, lengths.numel(), BLOCK=256)
+    return cu
+
+
+def position_ids(cu_seqlens: Tensor) -> Tensor:
+    total = int(cu_seqlens[-1]) if cu_seqlens.numel() else 0
+    out = torch.empty(total, dtype=torch.long, device=cu_seqlens.device)
+    num = cu_seqlens.numel() - 1
+    if total and num:
+        longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+        position_ids_kernel[(num, triton.cdiv(longest, 256))](cu_seqlens.to(torch.int32).contiguous(), out, BLOCK=256)
+    return out
+
+
+def pack(padded: Tensor, lengths: Tensor) -> Tensor:
+    check_lengths(lengths, padded.shape[1])
+    cu = cu_seqlens_from_lengths(lengths)
+    batch, width = padded.shape[:2]
+    feat = padded[0, 0].numel() if padded.numel() else 1
+    out = torch.empty((int(cu[-1]), *padded.shape[2:]), dtype=padded.dtype, device=padded.device)
+    if out.numel():
+        pack_kernel[(batch, triton.cdiv(width, BLOCK_T))](_as_storage(padded.contiguous()), _as_storage(out), cu,
+                                                         width, feat, BLOCK_T=BLOCK_T, BLOCK_D=_block_d(feat))
+    return out
+
+
+def unpack(packed: Tensor, lengths: Tensor, width: int, pad_value: float = 0) -> Tensor:
+    check_lengths(lengths, width)
+    cu = cu_seqlens_from_lengths(lengths)
+    out = torch.empty((lengths.numel(), width, *packed.shape[1:]), dtype=packed.dtype, device=packed.device)
+    feat = out[0, 0].numel() if out.numel() else 1
+    pad = float(pad_value) if packed.dtype.is_floating_point else int(pad_value)
+    if out.numel():
+        unpack_kernel[(lengths.numel(), triton.cdiv(width, BLOCK_T))](
+            _as_storage(packed.contiguous()), _as_storage(out), cu, width, feat, pad, BLOCK_T=BLOCK_T,
+            BLOCK_D=_block_d(feat))
+    return out
+
+
+def _forward(logits: Tensor, targets: Tensor, temperature: float):
+    n, vocab = logits.shape
+    lp, ent, lse = (torch.empty(n, dtype=torch.float32, device=logits.device) for _ in range(3))
+    if n:
+        logprobs_fwd_kernel[(n,)](logits, targets, lp, ent, lse, vocab, logits.stride(0), 1.0 / temperature,
+                                  BLOCK_V=_block_v(vocab))
+    return lp, ent, lse
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, targets, temperature):
+        lp, ent, lse = _forward(logits, targets, temperature)
+        ctx.save_for_backward(logits, targets, lse, ent)
+        ctx.temperature = temperature
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, grad_lp, grad_ent):
+        logits, targets, lse, ent = ctx.saved_tensors
+        grad_lp = torch.zeros_like(lse) if grad_lp is None else grad_lp.float().contiguous()
+        grad_ent = torch.zeros_like(lse) if grad_ent is None else grad_ent.float().contiguous()
+        grad = torch.empty_like(logits)
+        n, vocab = logits.shape
+        if n:
+            block = _block_v(vocab)
+            logprobs_bwd_kernel[(n, triton.cdiv(vocab, block))](logits, targets, lse, ent, grad_lp, grad_ent, grad,
+                                                                vocab, logits.stride(0), 1.0 / ctx.temperature,
+                                                                BLOCK_V=block)
+        return grad, None, None
+
+
+def _contiguous_logits(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    if logits.dim() != 2 or targets.shape != logits.shape[:1]:
+        raise ValueError(
+            f"logits must be [N, V] and targets [N], got {tuple(logits.shape)} and {tuple(targets.shape)}"
+        )
+    return logits.contiguous(), targets.to(torch.int64).contiguous()
+
+
+def token_logprobs_entropy(logits: Tensor, targets: Tensor, temperature: float = 1.0):
+    logits, targets = _contiguous_logits(logits, targets)
+    return _TokenLogprobs.apply(logits, targets, float(temperature))
+
+
+class _FusedLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, targets, old, adv, ref, plan, temperature):
+        n, vocab = logits.shape
+        device = logits.device
+        token_loss = torch.zeros(n, dtype=torch.float32, device=device)
+        metrics = torch.zeros(n, 6, dtype=torch.float32, device=device)
+        grad = torch.empty_like(logits)
+        if n:
+            f32 = lambda t: t.to(torch.float32).contiguous()  # noqa: E731
+            fused_loss_kernel[(n,)](
+                logits, targets, f32(old), f32(adv), f32(ref if ref is not None else old), f32(plan.weight),
+                f32(plan.metric_weight), f32(plan.token_weight), token_loss, metrics, grad, vocab, logits.stride(0),
+                1.0 / temperature, plan.eps_clip_low, plan.eps_clip_high, plan.clip_ratio_c, plan.kl_coef,
+                plan.entropy_coef, POLICY=plan.policy, KL=plan.kl, HAS_REF=ref is not None, USE_KL=plan.use_kl,
+                USE_ENT=plan.use_entropy, BLOCK_V=_block_v(vocab))
+        ctx.save_for_backward(grad)
+        totals = metrics.sum(0)
+        ctx.mark_non_differentiable(totals)
+        return token_loss.sum(), totals
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_totals):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_loss.to(grad.dtype), None, None, None, None, None, None
+
+
+def fused_policy_loss(settings: LossSettings, logits: Tensor, targets: Tensor, old_logprobs: Tensor,
+                      advantages: Tensor, loss_mask: Tensor, normalizer: LossNormalizer, *,
+                      ref_logprobs: Tensor | None = None, seq_ids: Tensor | None = None,
+                      num_sequences: int | None = None, temperature: float = 1.0):
+    logits, targets = _contiguous_logits(logits, targets)
+    if settings.use_kl_loss and ref_logprobs is None:
+        raise ValueError("trainer.algorithm.use_kl_loss is on but no ref_logprobs were given")
+    plan = plan_loss(settings, normalizer, loss_mask, seq_ids, num_sequences)
+    loss, totals = _FusedLoss.apply(logits, targets, old_logprobs, advantages, ref_logprobs, plan, float(temperature))
+    return loss, metrics_dict(plan, totals, ref_logprobs is not None)
