@@ -1,0 +1,113 @@
+"""A megatron-core GPTModel built from a Hugging Face config, with the local layer spec (no Transformer Engine/Apex).
+
+Families: dense Qwen2 / Llama / Mistral (RMSNorm, SwiGLU, RoPE, optional qkv bias, tied or untied embeddings) and
+the Mixtral mixture of experts (top-k softmax router, SwiGLU experts). Core attention is the THD-capable
+`PackedDotProductAttention`; every fusion is off so the same code runs on CPU and GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+DENSE_TYPES = ("qwen2", "llama", "mistral")
+MOE_TYPES = ("mixtral",)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the model is split: TP, PP, EP sizes and this rank's coordinates."""
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    tp_rank: int = 0
+    pp_rank: int = 0
+    ep_rank: int = 0
+
+    def layers_per_stage(self, num_layers: int) -> int:
+        if num_layers % self.pp:
+            raise ValueError(f"trainer.policy.megatron_config.pipeline_model_parallel_size={self.pp} must divide "
+                             f"the model's {num_layers} layers; pick a divisor")
+        return num_layers // self.pp
+
+
+def rope_theta(hf_config) -> float:
+    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    if params.get("rope_type", params.get("type", "default")) != "default":
+        raise ValueError(f"{hf_config.model_type}: only plain RoPE is supported by the megatron backend, got "
+                         f"rope parameters {params}")
+    return float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+
+
+def padded_vocab_size(vocab_size: int, tp: int) -> int:
+    """Vocab rounded up to a multiple of TP (megatron splits the embedding rows evenly); extra rows are masked."""
+    return -(-vocab_size // tp) * tp
+
+
+def head_dim(hf_config) -> int:
+    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+
+
+def transformer_config(hf_config, layout: Layout, sequence_parallel: bool = False,
+                       recompute_granularity: str | None = None, extra: dict | None = None,
+                       params_dtype: torch.dtype = torch.float32):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    kind = hf_config.model_type
+    if kind not in DENSE_TYPES + MOE_TYPES:
+        raise ValueError(f"trainer.policy.model.path: model_type {kind!r} is not supported by the megatron backend "
+                         f"(supported: {', '.join(DENSE_TYPES + MOE_TYPES)})")
+    kwargs = dict(
+        num_layers=hf_config.num_hidden_layers, hidden_size=hf_config.hidden_size,
+        num_attention_heads=hf_config.num_attention_heads, num_query_groups=hf_config.num_key_value_heads,
+        kv_channels=head_dim(hf_config), ffn_hidden_size=hf_config.intermediate_size,
+        normalization="RMSNorm", layernorm_epsilon=hf_config.rms_norm_eps, gated_linear_unit=True,
+        activation_func=F.silu, add_bias_linear=False,
+        add_qkv_bias=kind == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+        hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=False, bias_dropout_fusion=False,
+        masked_softmax_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
+        persist_layer_norm=False, use_cpu_initialization=True, perform_initialization=False,
+        params_dtype=params_dtype, pipeline_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
+        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+        expert_model_parallel_size=layout.ep, sequence_parallel=sequence_parallel,
+    )
+    if recompute_granularity:
+        kwargs["recompute_granularity"] = recompute_granularity
+        if recompute_granularity == "full":
+            kwargs.update(recompute_method="uniform", recompute_num_layers=1)
+    if kind in MOE_TYPES:
+        kwargs.update(
+            num_moe_experts=hf_config.num_local_experts, moe_router_topk=hf_config.num_experts_per_tok,
+            moe_ffn_hidden_size=hf_config.intermediate_size, moe_router_load_balancing_type="none",
+            moe_aux_loss_coeff=0.0, moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False,
+            expert_tensor_parallel_size=layout.tp,
+        )
+    kwargs.update(extra or {})
+    return TransformerConfig(**kwargs)
+
+
+def layer_spec(config):
+    """The local spec with the THD-capable core attention."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from rl.backends.megatron.attention import PackedDotProductAttention
+
+    spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
+    return spec
+
+
+def build_gpt_model(hf_config, config, layout: Layout, pre_process: bool, post_process: bool):
+    from megatron.core.models.gpt import GPTModel
+
+    layout.layers_per_stage(hf_config.num_hidden_layers)
+    return GPTModel(
+        config=config, transformer_layer_spec=layer_spec(config),
+        vocab_size=padded_vocab_size(hf_config.vocab_size, layout.tp),
+        max_sequence_length=hf_config.max_position_embeddings, pre_process=pre_process, post_process=post_process,
+        parallel_output=True, share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
+        position_embedding_type="rope", rotary_base=rope_theta(hf_config),
+    )
