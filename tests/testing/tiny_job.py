@@ -1,4 +1,4 @@
-"""A tiny job for tests: the embedded tokenizer, a small random Qwen2 and the synthetic task, written to a dir."""
+"""A tiny job for tests: the embedded tokenizer, a small random Llama and the synthetic task, written to a dir."""
 
 from __future__ import annotations
 

@@ -7,9 +7,11 @@ import functools
 import os
 from typing import Any
 
+from rl.core.config.merge import flatten
 from rl.core.config.yaml_io import read_yaml
 
 DEFAULTS_PATH = os.path.join(os.path.dirname(__file__), "defaults.yaml")
+EMBEDDED_JOB_PATH = os.path.join(os.path.dirname(__file__), "embedded_job.yaml")
 
 
 @functools.cache
@@ -23,6 +25,20 @@ def _defaults() -> dict[str, Any]:
 def default_tree() -> dict[str, Any]:
     """A fresh deep copy of defaults.yaml as plain nested dicts."""
     return copy.deepcopy(_defaults())
+
+
+def embedded_job_tree() -> dict[str, Any]:
+    """The defaults with embedded_job.yaml's values over them: the settings of the embedded default job."""
+    tree = default_tree()
+    for key, value in flatten(read_yaml(EMBEDDED_JOB_PATH)):
+        *parents, last = key.split(".")
+        node = tree
+        for segment in parents:
+            node = node[segment]
+        if last not in node:
+            raise RuntimeError(f"{EMBEDDED_JOB_PATH}: {key} is not a key of defaults.yaml")
+        node[last] = value
+    return tree
 
 
 def default_value(key: str) -> Any:

@@ -17,10 +17,14 @@ class ConfigError(ValueError):
 
 
 class Problems:
-    """Collects problems as `key: message` lines; `raise_if_any` raises them all at once."""
+    """Collects problems as `key: message` lines, and warnings; `raise_if_any` raises the problems all at once."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
+        self.warnings: list[str] = []
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
 
     def add(self, key: str, message: str) -> None:
         self.lines.append(f"{key}: {message}")

@@ -1,7 +1,9 @@
-"""Building a Config: defaults.yaml < user YAML file < key=value overrides < --strategy, then validation."""
+"""Building a Config: defaults.yaml (< embedded_job.yaml) < user YAML file < key=value overrides < --strategy,
+then validation."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -9,7 +11,7 @@ from typing import Any
 import yaml
 
 from rl.core.config.convert import build, to_dict
-from rl.core.config.defaults import default_tree
+from rl.core.config.defaults import default_tree, embedded_job_tree
 from rl.core.config.errors import ConfigError, Problems
 from rl.core.config.keys import lookup
 from rl.core.config.merge import set_key
@@ -28,6 +30,8 @@ PATH_KEYS = (
     "trainer.resume_mode",
 )
 """Keys whose values (a path or a list of paths) get `~` expanded."""
+EMBEDDED = "embedded"
+logger = logging.getLogger("rl.core.config")
 
 
 def load_config(overrides: Sequence[str] = (), config_file: str | None = None, strategy: str | None = None) -> Config:
@@ -35,18 +39,26 @@ def load_config(overrides: Sequence[str] = (), config_file: str | None = None, s
 
     Layers, each over the one before: rl/core/config/defaults.yaml; `config_file` (a YAML mapping with the same
     nested keys, NeMo RL keys accepted); `overrides` (`key=value`, the value read as YAML, so lists are written
-    `"['a','b']"`); `strategy` (the `--strategy` flag, which wins over trainer.strategy). Then `~` in paths is
-    expanded and every check runs; all problems are raised together as one ConfigError.
+    `"['a','b']"`); `strategy` (the `--strategy` flag, which wins over trainer.strategy). When the layers leave
+    `trainer.policy.model.path` at `embedded`, embedded_job.yaml (the embedded default job's learning rate, length
+    and sampling) goes between the defaults and the user's layers. Then `~` in paths is expanded and every check
+    runs; all problems are raised together as one ConfigError.
     """
+    problems, tree = _layered(default_tree(), overrides, config_file, strategy)
+    if tree.get("trainer", {}).get("policy", {}).get("model", {}).get("path") == EMBEDDED:
+        problems, tree = _layered(embedded_job_tree(), overrides, config_file, strategy)
+    return _build_checked(tree, problems)
+
+
+def _layered(tree: dict[str, Any], overrides: Sequence[str], config_file: str | None, strategy: str | None):
     problems = Problems()
-    tree = default_tree()
     if config_file is not None:
         _apply_file(tree, config_file, problems)
     _apply_overrides(tree, overrides, problems)
     if strategy is not None:
         set_key(tree, "trainer.strategy", strategy, problems)
     _expand_paths(tree)
-    return _build_checked(tree, problems)
+    return problems, tree
 
 
 def config_from_dict(data: Mapping[str, Any], validate: bool = True) -> Config:
@@ -119,6 +131,8 @@ def _expand_paths(tree: dict[str, Any]) -> None:
 
 
 def _build_checked(tree: dict[str, Any], problems: Problems) -> Config:
+    for warning in problems.warnings:
+        logger.warning("%s", warning)
     cfg = build(Config, tree, "", problems)
     if cfg is not None:
         problems.lines.extend(collect_problems(cfg))

@@ -9,7 +9,6 @@ applied after the native ones.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,8 +17,6 @@ import yaml
 from rl.core.config.errors import Problems, did_you_mean
 from rl.core.config.merge import flatten
 from rl.core.config.yaml_io import parse_text
-
-logger = logging.getLogger(__name__)
 
 _MEGATRON = "trainer.policy.megatron_config."
 _OPTIMIZER = "trainer.policy.optimizer_config."
@@ -89,7 +86,7 @@ def translate(items: Sequence[tuple[str, Any]], problems: Problems) -> list[tupl
     Values may be parsed YAML (from a file) or override text; only the strategy switches are read here.
     """
     enabled = [key for key, value in items if key in STRATEGY_FLAGS and _flag(key, value, problems)]
-    strategy = _choose_strategy(enabled)
+    strategy = _choose_strategy(enabled, problems)
     translated: list[tuple[str, Any]] = []
     for key, value in items:
         if key in STRATEGY_FLAGS:
@@ -127,11 +124,11 @@ def _flag(key: str, value: Any, problems: Problems) -> bool:
     return False
 
 
-def _choose_strategy(enabled: list[str]) -> str | None:
+def _choose_strategy(enabled: list[str], problems: Problems) -> str | None:
     strategies = {STRATEGY_FLAGS[key] for key in enabled}
     if not strategies:
         return None
     chosen = next(name for name in STRATEGY_PRECEDENCE if name in strategies)
     if len(strategies) > 1:
-        logger.warning("both %s are enabled; using trainer.strategy=%s", " and ".join(sorted(set(enabled))), chosen)
+        problems.warn(f"both {' and '.join(sorted(set(enabled)))} are enabled; using trainer.strategy={chosen}")
     return chosen

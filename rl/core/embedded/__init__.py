@@ -1,4 +1,4 @@
-"""The embedded default job: a project-built tokenizer, a small Qwen2 model made from a config, a synthetic
+"""The embedded default job: a project-built tokenizer, a small Llama model made from a config, a synthetic
 arithmetic task in GSM8K's answer format, and a short supervised warm-up, so training runs with no downloads."""
 
 from rl.core.embedded.model import build_model, save_pretrained_model, tiny_model_config

@@ -22,7 +22,7 @@ from rl.core.embedded.tokenizer import build_tokenizer
 from rl.core.embedded.warmup import careless_demonstrations, greedy_accuracy, sft_warmup
 
 MARKER = "embedded.json"
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 DEFAULT_SEED = 42
 WARMUP_STEPS = 300
 MAX_NEW_TOKENS = 32

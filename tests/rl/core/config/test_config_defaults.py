@@ -122,3 +122,24 @@ def test_default_parallel_sizes():
     sizes = parallel_sizes(load_config([]))
     assert sizes is not None
     assert (sizes.world, sizes.data_parallel) == (1, 1)
+
+
+def test_embedded_job_settings_apply_only_to_the_embedded_model(tmp_path):
+    with open(os.path.join(os.path.dirname(DEFAULTS_PATH), "embedded_job.yaml"), encoding="utf-8") as handle:
+        job = yaml.safe_load(handle)
+    embedded = load_config([])
+    assert embedded.trainer.policy.optimizer_config.lr == job["trainer"]["policy"]["optimizer_config"]["lr"] == 2e-4
+    assert embedded.trainer.max_steps == job["trainer"]["max_steps"]
+    assert embedded.generator.n_samples_per_prompt == job["generator"]["n_samples_per_prompt"]
+
+    real = load_config(["trainer.policy.model.path=/models/qwen"])
+    assert real.trainer.policy.optimizer_config.lr == 1e-6
+    assert real.trainer.max_steps is None
+    assert real.generator.n_samples_per_prompt == 4
+
+    assert load_config(["trainer.policy.optimizer_config.lr=5e-5"]).trainer.policy.optimizer_config.lr == 5e-5
+    file = tmp_path / "run.yaml"
+    file.write_text("trainer:\n  max_steps: 3\n")
+    assert load_config([], config_file=str(file)).trainer.max_steps == 3
+    file.write_text("trainer:\n  policy:\n    model:\n      path: /models/qwen\n")
+    assert load_config([], config_file=str(file)).trainer.policy.optimizer_config.lr == 1e-6

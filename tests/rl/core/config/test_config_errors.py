@@ -115,7 +115,7 @@ BAD = {
         ["trainer.train_batch_size=20"], "trainer.train_batch_size", ("policy_mini_batch_size=16",)
     ),
     "mini_batch_not_split_by_micro": Bad(
-        ["trainer.micro_train_batch_size_per_gpu=5"], "trainer.policy_mini_batch_size", ("= 64 sequences", "= 5")
+        ["trainer.micro_train_batch_size_per_gpu=5"], "trainer.policy_mini_batch_size", ("= 128 sequences", "= 5")
     ),
     "mini_batch_not_split_over_dp": Bad(
         [

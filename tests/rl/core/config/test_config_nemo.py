@@ -26,7 +26,7 @@ def test_disabled_switches_leave_strategy_alone():
 
 
 def test_both_enabled_picks_megatron_and_warns(caplog):
-    with caplog.at_level(logging.WARNING, logger="rl.core.config.nemo_compat"):
+    with caplog.at_level(logging.WARNING, logger="rl.core.config"):
         cfg = load_config(["policy.dtensor_cfg.enabled=true", "policy.megatron_cfg.enabled=true"])
     assert cfg.trainer.strategy == "megatron"
     warnings = [record for record in caplog.records if record.levelno == logging.WARNING]

@@ -42,7 +42,11 @@ def test_saved_checkpoint_reloads_with_identical_logits(tokenizer, config, tmp_p
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt").eval()
     reloaded_tokenizer = AutoTokenizer.from_pretrained(tmp_path / "ckpt")
     text = tokenizer.apply_chat_template([{"role": "user", "content": "What is 31 + 45?"}], tokenize=False)
-    ids = torch.tensor([reloaded_tokenizer(text, add_special_tokens=False)["input_ids"]])
+    text += "3+1=4 1+5=6 #### 76"
+    expected = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert reloaded_tokenizer(text, add_special_tokens=False)["input_ids"] == expected
+    assert reloaded_tokenizer.decode(expected) == text
+    ids = torch.tensor([expected])
     with torch.no_grad():
         assert torch.equal(model(ids).logits, reloaded(ids).logits)
     assert next(reloaded.parameters()).dtype == torch.float32
