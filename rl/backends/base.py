@@ -39,6 +39,7 @@ class ModelSpec:
     max_grad_norm: float = 1.0
     lr_warmup_steps: int = 0
     backend_options: dict | None = None  # the strategy's own block, e.g. deepspeed_config.train
+    kernels: str = "auto"  # trainer.kernels: implementation of the token-logprob op (rl.kernels.ops)
 
 
 class TrainingBackend(abc.ABC):
@@ -108,7 +109,7 @@ class TrainingBackend(abc.ABC):
     def logprobs(self, batch: PackedBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         self.forward_module().eval()
         logprobs, entropy = batch_logprobs(self.forward_module(), batch.to(self.dist.device), self.spec.temperature,
-                                           with_entropy)
+                                           with_entropy, self.spec.kernels)
         return logprobs.cpu(), (entropy.cpu() if entropy is not None else None)
 
     def backward(self, loss: Tensor, last_micro_batch: bool) -> None:
@@ -122,7 +123,7 @@ class TrainingBackend(abc.ABC):
         batch = (batch if real else _placeholder_batch()).to(self.dist.device)
         self.forward_module().train()
         logprobs, entropy = batch_logprobs(self.forward_module(), batch, self.spec.temperature,
-                                           settings.use_entropy_loss)
+                                           settings.use_entropy_loss, self.spec.kernels)
         loss, metrics = compute_policy_loss(
             settings, logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, normalizer,
             ref_logprobs=batch.ref_logprobs, entropy=entropy, seq_ids=batch.token_seq_ids(),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from rl.backends.logits import token_entropy, token_logprobs
+from rl.backends.logits import token_logprobs_and_entropy
 from rl.core.packing import PackedBatch
 
 
@@ -23,13 +23,13 @@ def flat_logits(model: nn.Module, batch: PackedBatch) -> Tensor:
     return out.logits[0]
 
 
-def batch_logprobs(model: nn.Module, batch: PackedBatch, temperature: float, with_entropy: bool
-                   ) -> tuple[Tensor, Tensor | None]:
-    """(logprobs [N], entropy [N] or None), both aligned with the target token like the batch's loss_mask."""
+def batch_logprobs(model: nn.Module, batch: PackedBatch, temperature: float, with_entropy: bool,
+                   kernels: str = "auto") -> tuple[Tensor, Tensor | None]:
+    """(logprobs [N], entropy [N] or None), both aligned with the target token like the batch's loss_mask.
+    `kernels` is trainer.kernels: which implementation of the token-logprob op runs (see rl.kernels.ops)."""
     if batch.num_tokens == 0:
         empty = batch.input_ids.new_zeros(0, dtype=next(model.parameters()).dtype)
         return empty.float(), (empty.float() if with_entropy else None)
     logits = flat_logits(model, batch)
-    logprobs = PackedBatch.align_to_targets(token_logprobs(logits, batch.prediction_targets(), temperature))
-    entropy = PackedBatch.align_to_targets(token_entropy(logits, temperature)) if with_entropy else None
-    return logprobs, entropy
+    logprobs, entropy = token_logprobs_and_entropy(logits, batch.prediction_targets(), temperature, kernels)
+    return PackedBatch.align_to_targets(logprobs), (PackedBatch.align_to_targets(entropy) if with_entropy else None)

@@ -1,18 +1,30 @@
-"""Per-token log-probabilities (and entropy) of target tokens from a causal LM's logits."""
+"""Per-token log-probabilities (and entropy) of target tokens from a causal LM's logits.
+
+Both go through the kernel dispatch (`rl.kernels.ops`), chosen by `trainer.kernels` (auto | torch | triton | cuda):
+one pass over the vocabulary, no full fp32 log-softmax.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from rl.kernels import ops
 
-def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+
+def token_logprobs_and_entropy(logits: Tensor, targets: Tensor, temperature: float = 1.0,
+                               kernels: str = "auto") -> tuple[Tensor, Tensor]:
+    """(log softmax(logits / T)[target], entropy of softmax(logits / T)) per row, fp32: [N, V], [N] -> [N], [N]."""
+    return ops.token_logprobs_entropy(logits, targets, temperature, kernels=kernels)
+
+
+def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0, kernels: str = "auto") -> Tensor:
     """log softmax(logits / T)[target] per row, computed in fp32: [N, V], [N] -> [N]."""
-    scaled = logits.float() / temperature
-    return scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+    return token_logprobs_and_entropy(logits, targets, temperature, kernels)[0]
 
 
-def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
+def token_entropy(logits: Tensor, temperature: float = 1.0, kernels: str = "auto") -> Tensor:
     """Entropy of softmax(logits / T) per row, fp32: [N, V] -> [N]."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    targets = logits.new_zeros(logits.shape[0], dtype=torch.long)
+    return token_logprobs_and_entropy(logits, targets, temperature, kernels)[1]
+

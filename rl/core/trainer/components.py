@@ -49,13 +49,15 @@ def model_specs(cfg, model_path: str) -> tuple[ModelSpec, ModelSpec | None]:
         reshard_after_forward=fsdp.reshard_after_forward, fsdp_size=fsdp.fsdp_size, lr=opt.lr,
         weight_decay=opt.weight_decay, betas=tuple(opt.betas), max_grad_norm=opt.max_grad_norm,
         lr_warmup_steps=opt.lr_warmup_steps, backend_options=dict(cfg.deepspeed_config.train),
+        kernels=trainer.kernels,
     )
     if not trainer.algorithm.use_kl_loss:
         return policy, None
     ref_fsdp = trainer.ref.fsdp_config
     ref = ModelSpec(path=model_path, role="ref", temperature=cfg.generator.temperature,
                     cpu_offload=ref_fsdp.cpu_offload, reshard_after_forward=ref_fsdp.reshard_after_forward,
-                    fsdp_size=ref_fsdp.fsdp_size, backend_options=dict(cfg.deepspeed_config.eval))
+                    fsdp_size=ref_fsdp.fsdp_size, backend_options=dict(cfg.deepspeed_config.eval),
+                    kernels=trainer.kernels)
     return policy, ref
 
 

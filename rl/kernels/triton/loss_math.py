@@ -7,8 +7,8 @@ A line-by-line mirror of rl/kernels/reference/policy_terms.py (the oracle): POLI
 import triton
 import triton.language as tl
 
-LOG_RATIO_BOUND: tl.constexpr = 20.0
-K3_BOUND: tl.constexpr = 10.0
+LOG_RATIO_BOUND = tl.constexpr(20.0)
+K3_BOUND = tl.constexpr(10.0)
 
 
 @triton.jit
