@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rl.core.algorithms import LossSettings
+from rl.core.algorithms import LossSettings, compute_policy_loss
 from rl.kernels.reference import cu_seqlens_from_lengths
 
 LENGTHS = [3, 0, 1, 7, 1, 0, 5]
@@ -58,3 +58,15 @@ SETTINGS = {
                                            eps_clip_high=0.3),
     "regular-kl_abs-entropy": LossSettings(use_kl_loss=True, kl_estimator_type="abs", use_entropy_loss=True),
 }
+
+
+def eager_logprobs(logits, targets, temperature=1.0):
+    """The independent oracle: plain log_softmax, gather, and -sum p log p."""
+    logp = torch.log_softmax(logits.float() / temperature, -1)
+    return logp.gather(1, targets[:, None].long()).squeeze(1), -(logp.exp() * logp).sum(-1)
+
+
+def oracle_loss(settings, logprob, entropy, b, normalizer):
+    """rl/core's compute_policy_loss on the packed batch `b` (the oracle of every fused loss)."""
+    return compute_policy_loss(settings, logprob, b.old, b.adv, b.mask, normalizer, ref_logprobs=b.ref,
+                               entropy=entropy, seq_ids=b.seq_ids, num_sequences=b.num_sequences)

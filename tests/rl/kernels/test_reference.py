@@ -5,17 +5,7 @@ import torch
 
 from rl.core.algorithms import compute_policy_loss
 from rl.kernels import reference as ref_ops
-from tests.rl.kernels.cases import LENGTHS, SETTINGS, packed_batch
-
-
-def eager_logprobs(logits, targets, temperature=1.0):
-    logp = torch.log_softmax(logits.float() / temperature, -1)
-    return logp.gather(1, targets[:, None].long()).squeeze(1), -(logp.exp() * logp).sum(-1)
-
-
-def oracle_loss(settings, logprob, entropy, b, normalizer):
-    return compute_policy_loss(settings, logprob, b.old, b.adv, b.mask, normalizer, ref_logprobs=b.ref,
-                               entropy=entropy, seq_ids=b.seq_ids, num_sequences=b.num_sequences)
+from tests.rl.kernels.cases import LENGTHS, SETTINGS, eager_logprobs, oracle_loss, packed_batch
 
 
 def test_cu_seqlens_and_position_ids_by_hand():

@@ -10,8 +10,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 
 from rl.kernels import reference as ref_ops  # noqa: E402
 from rl.kernels.triton import ops as tri  # noqa: E402
-from tests.rl.kernels.cases import SETTINGS, packed_batch  # noqa: E402
-from tests.rl.kernels.test_reference import eager_logprobs, oracle_loss  # noqa: E402
+from tests.rl.kernels.cases import SETTINGS, eager_logprobs, oracle_loss, packed_batch  # noqa: E402
 
 
 @pytest.mark.parametrize("lengths", [[3, 0, 1, 5], [0, 0], [1], [70, 2]])
