@@ -1,6 +1,6 @@
 """From hidden states [N, H] and the LM-head weight [V, H] to token logprobs or the loss, a chunk of tokens at a time.
 
-Only one chunk's logits ([chunk, V] fp32 plus two work buffers of that size) exist at once, never all [N, V].
+Only two [chunk, V] fp32 buffers (reused by every chunk) exist at once, never all [N, V].
 `chunked_token_logprobs` recomputes a chunk's logits in backward; `chunked_policy_loss` knows the per-token loss
 gradients as soon as a chunk's logprobs exist, so it computes grad_hidden / grad_weight in the forward and the
 backward only scales them (three matmuls in all, like the unchunked eager path).
@@ -34,23 +34,39 @@ def _check(hidden: Tensor, weight: Tensor, targets: Tensor) -> None:
         raise ValueError(f"targets must be [N]={hidden.shape[0]}, got {tuple(targets.shape)}")
 
 
-def _chunk_softmax(hidden_c: Tensor, weight: Tensor, targets_c: Tensor, temperature: float):
-    """(log-softmax [C, V] fp32, softmax [C, V] fp32, logprob [C], entropy [C]) of one chunk."""
-    logits = (hidden_c @ weight.T).float().div_(temperature)
-    logp = torch.log_softmax(logits, dim=-1)
-    del logits
-    p = logp.exp()
+class _Workspace:
+    """Two [chunk, V] fp32 buffers reused by every chunk: fresh 128 MiB allocations would page-fault each time."""
+
+    def __init__(self, rows: int, vocab: int, device: torch.device):
+        self.a = torch.empty(rows, vocab, device=device)
+        self.b = torch.empty(rows, vocab, device=device)
+
+
+def _chunk_softmax(hidden_c: Tensor, weight: Tensor, targets_c: Tensor, temperature: float, ws: _Workspace):
+    """(log-softmax [C, V], softmax [C, V], logprob [C], entropy [C]) of one chunk, fp32, in the workspace."""
+    rows = hidden_c.shape[0]
+    logits, logp = ws.a[:rows], ws.b[:rows]
+    if hidden_c.dtype == weight.dtype == torch.float32:
+        torch.matmul(hidden_c, weight.T, out=logits)
+    else:
+        logits.copy_(hidden_c @ weight.T)
+    if temperature != 1.0:
+        logits.div_(temperature)
+    torch.ops.aten._log_softmax.out(logits, 1, False, out=logp)
+    p = torch.exp(logp, out=logits)
     entropy = -torch.linalg.vecdot(p, logp)
     return logp, p, logp.gather(1, targets_c.long()[:, None]).squeeze(1), entropy
 
 
 def _chunk_grad_logits(logp, p, entropy, targets_c, grad_lp, grad_h, temperature) -> Tensor:
-    """d loss / d logits of one chunk, in place over `logp` and `p`:
-    grad = g_lp (onehot - p) - g_h p (logp + H), divided by T."""
-    grad = logp.add_(entropy[:, None]).mul_(p).mul_(-grad_h[:, None])
-    grad.sub_(p.mul_(grad_lp[:, None]))
+    """d loss / d logits of one chunk, in place over `logp` / `p`: g_lp (onehot - p) - g_h p (logp + H), over T.
+    `grad_h` None means no entropy gradient (one pass instead of four)."""
+    if grad_h is None:
+        grad = p.mul_(-grad_lp[:, None])
+    else:
+        grad = logp.add_(entropy[:, None]).mul_(grad_h[:, None]).add_(grad_lp[:, None]).mul_(p).neg_()
     grad.scatter_add_(1, targets_c.long()[:, None], grad_lp[:, None])
-    return grad.div_(temperature)
+    return grad.div_(temperature) if temperature != 1.0 else grad
 
 
 def _backprop_chunk(grad_logits, hidden_c, weight, grad_weight) -> Tensor:
@@ -63,11 +79,12 @@ def _backprop_chunk(grad_logits, hidden_c, weight, grad_weight) -> Tensor:
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk):
-        out_lp, out_h = hidden.new_empty(hidden.shape[0], dtype=torch.float32), None
+        out_lp = hidden.new_empty(hidden.shape[0], dtype=torch.float32)
         out_h = torch.empty_like(out_lp)
+        ws = _Workspace(min(chunk, hidden.shape[0]), weight.shape[0], hidden.device)
         for start in range(0, hidden.shape[0], chunk):
             sl = slice(start, start + chunk)
-            _, _, out_lp[sl], out_h[sl] = _chunk_softmax(hidden[sl], weight, targets[sl], temperature)
+            _, _, out_lp[sl], out_h[sl] = _chunk_softmax(hidden[sl], weight, targets[sl], temperature, ws)
         ctx.save_for_backward(hidden, weight, targets, out_h)
         ctx.temperature, ctx.chunk = temperature, chunk
         return out_lp, out_h
@@ -76,13 +93,15 @@ class _ChunkedLogprobs(torch.autograd.Function):
     def backward(ctx, grad_lp, grad_h):
         hidden, weight, targets, _ = ctx.saved_tensors
         grad_lp = torch.zeros(hidden.shape[0], device=hidden.device) if grad_lp is None else grad_lp.float()
-        grad_h = torch.zeros_like(grad_lp) if grad_h is None else grad_h.float()
+        grad_h = None if grad_h is None else grad_h.float()
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        ws = _Workspace(min(ctx.chunk, hidden.shape[0]), weight.shape[0], hidden.device)
         for start in range(0, hidden.shape[0], ctx.chunk):
             sl = slice(start, start + ctx.chunk)
-            logp, p, _, entropy = _chunk_softmax(hidden[sl], weight, targets[sl], ctx.temperature)
-            g = _chunk_grad_logits(logp, p, entropy, targets[sl], grad_lp[sl], grad_h[sl], ctx.temperature)
+            logp, p, _, entropy = _chunk_softmax(hidden[sl], weight, targets[sl], ctx.temperature, ws)
+            g_h = None if grad_h is None else grad_h[sl]
+            g = _chunk_grad_logits(logp, p, entropy, targets[sl], grad_lp[sl], g_h, ctx.temperature)
             grad_hidden[sl] = _backprop_chunk(g, hidden[sl], weight, grad_weight)
         grad_weight = grad_weight.to(weight.dtype) if grad_weight is not None else None
         return grad_hidden, grad_weight, None, None, None
@@ -109,15 +128,17 @@ class _ChunkedLoss(torch.autograd.Function):
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
         loss = torch.zeros((), device=hidden.device)
         totals = torch.zeros(6, device=hidden.device)
+        ws = _Workspace(min(chunk, hidden.shape[0]), weight.shape[0], hidden.device)
         for start in range(0, hidden.shape[0], chunk):
             sl = slice(start, start + chunk)
-            logp, p, lp, entropy = _chunk_softmax(hidden[sl], weight, targets[sl], temperature)
+            logp, p, lp, entropy = _chunk_softmax(hidden[sl], weight, targets[sl], temperature, ws)
             token_loss, g_lp, g_h, metrics = loss_terms(_slice_plan(plan, sl), lp, entropy, old[sl], adv[sl],
                                                         None if ref is None else ref[sl])
             loss += token_loss.sum()
             totals += metrics.sum(0)
             if want_hidden or want_weight:
-                g = _chunk_grad_logits(logp, p, entropy, targets[sl], g_lp, g_h, temperature)
+                g = _chunk_grad_logits(logp, p, entropy, targets[sl], g_lp, g_h if plan.use_entropy else None,
+                                       temperature)
                 out = _backprop_chunk(g, hidden[sl], weight, grad_weight)
                 if want_hidden:
                     grad_hidden[sl] = out
