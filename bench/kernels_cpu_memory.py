@@ -61,11 +61,23 @@ def _step(variant, settings, normalizer, h, w, targets, old, ref, adv, mask, seq
     if variant == "eager":
         logits = h @ w.T
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).squeeze(1)
-        loss, _ = compute_policy_loss(settings, logprobs, old, adv, mask, normalizer, ref_logprobs=ref,
-                                      seq_ids=seq_ids, num_sequences=num_seqs)
+        loss, _ = compute_policy_loss(
+            settings, logprobs, old, adv, mask, normalizer, ref_logprobs=ref, seq_ids=seq_ids, num_sequences=num_seqs
+        )
     else:
-        loss, _ = ops.chunked_policy_loss(settings, h, w, targets, old, adv, mask, normalizer, ref_logprobs=ref,
-                                          seq_ids=seq_ids, num_sequences=num_seqs)
+        loss, _ = ops.chunked_policy_loss(
+            settings,
+            h,
+            w,
+            targets,
+            old,
+            adv,
+            mask,
+            normalizer,
+            ref_logprobs=ref,
+            seq_ids=seq_ids,
+            num_sequences=num_seqs,
+        )
     loss.backward()
     return float(loss.detach())
 
@@ -89,8 +101,14 @@ def run_variant(args) -> dict:
         times.append(time.perf_counter() - start)
         if rep == 0:
             peak_mib = (_status_kib("VmHWM") - base) / 1024
-    return {"variant": args.variant, "peak_mib": peak_mib, "seconds": median(times), "loss": loss,
-            "grad_w_norm": float(w.grad.norm()), "grad_h_norm": float(h.grad.norm())}
+    return {
+        "variant": args.variant,
+        "peak_mib": peak_mib,
+        "seconds": median(times),
+        "loss": loss,
+        "grad_w_norm": float(w.grad.norm()),
+        "grad_h_norm": float(h.grad.norm()),
+    }
 
 
 def main(argv=None) -> int:
@@ -108,13 +126,21 @@ def main(argv=None) -> int:
         return 0
     results = {}
     for variant in VARIANTS:
-        cmd = [sys.executable, "-m", "bench.kernels_cpu_memory", *(argv if argv is not None else sys.argv[1:]),
-               "--variant", variant]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.kernels_cpu_memory",
+            *(argv if argv is not None else sys.argv[1:]),
+            "--variant",
+            variant,
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         results[variant] = json.loads(out.strip().splitlines()[-1])
     eager, chunked = results["eager"], results["chunked"]
-    print(f"token logprobs + GRPO loss, forward+backward: {args.tokens} tokens x {args.vocab} vocab, "
-          f"hidden {args.hidden}, fp32, {set_threads(args.threads)} threads")
+    print(
+        f"token logprobs + GRPO loss, forward+backward: {args.tokens} tokens x {args.vocab} vocab, "
+        f"hidden {args.hidden}, fp32, {set_threads(args.threads)} threads"
+    )
     rows = [[v, r["peak_mib"], r["seconds"], r["loss"]] for v, r in results.items()]
     print(format_table(["variant", "peak MiB", "seconds", "loss"], rows))
     print(f"peak memory ratio chunked/eager: {chunked['peak_mib'] / eager['peak_mib']:.3f} (goal <= 0.25)")

@@ -97,22 +97,44 @@ def token_logprobs_entropy(logits: Tensor, targets: Tensor, temperature: float =
     return backend(kernels, logits).token_logprobs_entropy(logits, targets, temperature)
 
 
-def fused_policy_loss(settings, logits: Tensor, targets: Tensor, old_logprobs: Tensor, advantages: Tensor,
-                      loss_mask: Tensor, normalizer, *, kernels: str = "auto", **options):
+def fused_policy_loss(
+    settings,
+    logits: Tensor,
+    targets: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    normalizer,
+    *,
+    kernels: str = "auto",
+    **options,
+):
     """`compute_policy_loss` fused with the token logprobs: logits in, (loss, metrics) out, gradient to logits."""
-    return backend(kernels, logits).fused_policy_loss(settings, logits, targets, old_logprobs, advantages, loss_mask,
-                                                      normalizer, **options)
+    return backend(kernels, logits).fused_policy_loss(
+        settings, logits, targets, old_logprobs, advantages, loss_mask, normalizer, **options
+    )
 
 
-def chunked_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float = 1.0,
-                           chunk_size: int | None = None):
+def chunked_token_logprobs(
+    hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float = 1.0, chunk_size: int | None = None
+):
     """(logprob, entropy) from hidden states and the LM-head weight, a chunk of tokens at a time (torch on every
     device: the chunk's matmul dominates and is already a vendor kernel)."""
     return reference.chunked_token_logprobs(hidden, weight, targets, temperature, chunk_size)
 
 
-def chunked_policy_loss(settings, hidden: Tensor, weight: Tensor, targets: Tensor, old_logprobs: Tensor,
-                        advantages: Tensor, loss_mask: Tensor, normalizer, **options):
+def chunked_policy_loss(
+    settings,
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    normalizer,
+    **options,
+):
     """The policy loss from hidden states and the LM-head weight without the full [N, V] logits."""
-    return reference.chunked_policy_loss(settings, hidden, weight, targets, old_logprobs, advantages, loss_mask,
-                                         normalizer, **options)
+    return reference.chunked_policy_loss(
+        settings, hidden, weight, targets, old_logprobs, advantages, loss_mask, normalizer, **options
+    )

@@ -32,8 +32,10 @@ def main(argv=None) -> int:
     names = [spec.name for spec in SPECS]
     if args.expect is not None and sorted(args.expect) != sorted(names):
         missing, extra = sorted(set(names) - set(args.expect)), sorted(set(args.expect) - set(names))
-        print(f"triton_aot kernels out of date: add {missing}, remove {extra} in rl/kernels/aot/BUILD.bazel",
-              file=sys.stderr)
+        print(
+            f"triton_aot kernels out of date: add {missing}, remove {extra} in rl/kernels/aot/BUILD.bazel",
+            file=sys.stderr,
+        )
         return 1
     os.makedirs(args.out_dir, exist_ok=True)
     target = GPUTarget("cuda", args.arch, 32)

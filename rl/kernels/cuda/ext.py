@@ -55,13 +55,22 @@ def pack(padded: Tensor, lengths: Tensor) -> Tensor:
     out = torch.empty((int(cu[-1]), *padded.shape[2:]), dtype=padded.dtype, device=padded.device)
     feat = out[0].numel() if out.numel() else 1
     if out.numel():
-        require().pack(padded.data_ptr(), out.data_ptr(), cu.data_ptr(), lengths.numel(), padded.shape[1], feat,
-                       padded.element_size(), _stream(out))
+        require().pack(
+            padded.data_ptr(),
+            out.data_ptr(),
+            cu.data_ptr(),
+            lengths.numel(),
+            padded.shape[1],
+            feat,
+            padded.element_size(),
+            _stream(out),
+        )
     return out
 
 
 def _bits(value: float, dtype: torch.dtype) -> int:
-    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[torch.empty(0, dtype=dtype).element_size()]
+    size = torch.empty(0, dtype=dtype).element_size()
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
     return int(torch.tensor([value], dtype=dtype).view(as_int).item()) & ((1 << 64) - 1)
 
 
@@ -72,8 +81,17 @@ def unpack(packed: Tensor, lengths: Tensor, width: int, pad_value: float = 0) ->
     out = torch.empty((lengths.numel(), width, *packed.shape[1:]), dtype=packed.dtype, device=packed.device)
     feat = out[0, 0].numel() if out.numel() else 1
     if out.numel():
-        require().unpack(packed.data_ptr(), out.data_ptr(), cu.data_ptr(), lengths.numel(), width, feat,
-                         packed.element_size(), _bits(pad_value, packed.dtype), _stream(out))
+        require().unpack(
+            packed.data_ptr(),
+            out.data_ptr(),
+            cu.data_ptr(),
+            lengths.numel(),
+            width,
+            feat,
+            packed.element_size(),
+            _bits(pad_value, packed.dtype),
+            _stream(out),
+        )
     return out
 
 
@@ -82,9 +100,19 @@ class _TokenLogprobs(torch.autograd.Function):
     def forward(ctx, logits, targets, temperature):
         n, vocab = logits.shape
         lp, ent, lse = (torch.empty(n, dtype=torch.float32, device=logits.device) for _ in range(3))
-        require().logprobs_forward(logits.data_ptr(), _dtype_code(logits), targets.data_ptr(), lp.data_ptr(),
-                                   ent.data_ptr(), lse.data_ptr(), n, vocab, logits.stride(0), 1.0 / temperature,
-                                   _stream(logits))
+        require().logprobs_forward(
+            logits.data_ptr(),
+            _dtype_code(logits),
+            targets.data_ptr(),
+            lp.data_ptr(),
+            ent.data_ptr(),
+            lse.data_ptr(),
+            n,
+            vocab,
+            logits.stride(0),
+            1.0 / temperature,
+            _stream(logits),
+        )
         ctx.save_for_backward(logits, targets, lse, ent)
         ctx.temperature = temperature
         return lp, ent
@@ -96,17 +124,27 @@ class _TokenLogprobs(torch.autograd.Function):
         grad_ent = torch.zeros_like(lse) if grad_ent is None else _f32(grad_ent)
         grad = torch.empty_like(logits)
         n, vocab = logits.shape
-        require().logprobs_backward(logits.data_ptr(), _dtype_code(logits), targets.data_ptr(), lse.data_ptr(),
-                                    ent.data_ptr(), grad_lp.data_ptr(), grad_ent.data_ptr(), grad.data_ptr(), n,
-                                    vocab, logits.stride(0), 1.0 / ctx.temperature, _stream(logits))
+        require().logprobs_backward(
+            logits.data_ptr(),
+            _dtype_code(logits),
+            targets.data_ptr(),
+            lse.data_ptr(),
+            ent.data_ptr(),
+            grad_lp.data_ptr(),
+            grad_ent.data_ptr(),
+            grad.data_ptr(),
+            n,
+            vocab,
+            logits.stride(0),
+            1.0 / ctx.temperature,
+            _stream(logits),
+        )
         return grad, None, None
 
 
 def _prepare(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     if logits.dim() != 2 or targets.shape != logits.shape[:1]:
-        raise ValueError(
-            f"logits must be [N, V] and targets [N], got {tuple(logits.shape)} and {tuple(targets.shape)}"
-        )
+        raise ValueError(f"logits must be [N, V] and targets [N], got {tuple(logits.shape)} and {tuple(targets.shape)}")
     _dtype_code(logits)
     return logits.contiguous(), targets.to(torch.int64).contiguous()
 
@@ -127,14 +165,36 @@ class _FusedLoss(torch.autograd.Function):
         old, adv = _f32(old), _f32(adv)
         ref = _f32(ref) if has_ref else old
         weights = [_f32(w) for w in (plan.weight, plan.metric_weight, plan.token_weight)]
-        settings = {"policy": plan.policy, "kl": plan.kl, "has_ref": has_ref, "use_kl": plan.use_kl,
-                    "use_entropy": plan.use_entropy, "inv_temp": 1.0 / temperature, "eps_low": plan.eps_clip_low,
-                    "eps_high": plan.eps_clip_high, "clip_c": plan.clip_ratio_c, "kl_coef": plan.kl_coef,
-                    "entropy_coef": plan.entropy_coef}
-        require().fused_loss(logits.data_ptr(), _dtype_code(logits), targets.data_ptr(), old.data_ptr(),
-                             adv.data_ptr(), ref.data_ptr(), *(w.data_ptr() for w in weights), token_loss.data_ptr(),
-                             metrics.data_ptr(), grad.data_ptr(), n, vocab, logits.stride(0), settings,
-                             _stream(logits))
+        settings = {
+            "policy": plan.policy,
+            "kl": plan.kl,
+            "has_ref": has_ref,
+            "use_kl": plan.use_kl,
+            "use_entropy": plan.use_entropy,
+            "inv_temp": 1.0 / temperature,
+            "eps_low": plan.eps_clip_low,
+            "eps_high": plan.eps_clip_high,
+            "clip_c": plan.clip_ratio_c,
+            "kl_coef": plan.kl_coef,
+            "entropy_coef": plan.entropy_coef,
+        }
+        require().fused_loss(
+            logits.data_ptr(),
+            _dtype_code(logits),
+            targets.data_ptr(),
+            old.data_ptr(),
+            adv.data_ptr(),
+            ref.data_ptr(),
+            *(w.data_ptr() for w in weights),
+            token_loss.data_ptr(),
+            metrics.data_ptr(),
+            grad.data_ptr(),
+            n,
+            vocab,
+            logits.stride(0),
+            settings,
+            _stream(logits),
+        )
         ctx.save_for_backward(grad)
         totals = metrics.sum(0)
         ctx.mark_non_differentiable(totals)
@@ -146,10 +206,20 @@ class _FusedLoss(torch.autograd.Function):
         return grad * grad_loss.to(grad.dtype), None, None, None, None, None, None
 
 
-def fused_policy_loss(settings: LossSettings, logits: Tensor, targets: Tensor, old_logprobs: Tensor,
-                      advantages: Tensor, loss_mask: Tensor, normalizer: LossNormalizer, *,
-                      ref_logprobs: Tensor | None = None, seq_ids: Tensor | None = None,
-                      num_sequences: int | None = None, temperature: float = 1.0):
+def fused_policy_loss(
+    settings: LossSettings,
+    logits: Tensor,
+    targets: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    normalizer: LossNormalizer,
+    *,
+    ref_logprobs: Tensor | None = None,
+    seq_ids: Tensor | None = None,
+    num_sequences: int | None = None,
+    temperature: float = 1.0,
+):
     logits, targets = _prepare(logits, targets)
     if settings.use_kl_loss and ref_logprobs is None:
         raise ValueError("trainer.algorithm.use_kl_loss is on but no ref_logprobs were given")

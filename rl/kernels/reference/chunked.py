@@ -28,8 +28,9 @@ def token_chunk(num_tokens: int, vocab: int, chunk_size: int | None) -> int:
 
 def _check(hidden: Tensor, weight: Tensor, targets: Tensor) -> None:
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and "
-                         f"{tuple(weight.shape)}")
+        raise ValueError(
+            f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
     if targets.shape != hidden.shape[:1]:
         raise ValueError(f"targets must be [N]={hidden.shape[0]}, got {tuple(targets.shape)}")
 
@@ -107,8 +108,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None
 
 
-def chunked_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float = 1.0,
-                           chunk_size: int | None = None) -> tuple[Tensor, Tensor]:
+def chunked_token_logprobs(
+    hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float = 1.0, chunk_size: int | None = None
+) -> tuple[Tensor, Tensor]:
     """(logprob [N], entropy [N]) fp32 of softmax(hidden @ weight.T / T), differentiable w.r.t. hidden and weight."""
     _check(hidden, weight, targets)
     chunk = token_chunk(hidden.shape[0], weight.shape[0], chunk_size)
@@ -116,8 +118,9 @@ def chunked_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, temp
 
 
 def _slice_plan(plan: LossPlan, sl: slice) -> LossPlan:
-    return dataclasses.replace(plan, weight=plan.weight[sl], metric_weight=plan.metric_weight[sl],
-                               token_weight=plan.token_weight[sl])
+    return dataclasses.replace(
+        plan, weight=plan.weight[sl], metric_weight=plan.metric_weight[sl], token_weight=plan.token_weight[sl]
+    )
 
 
 class _ChunkedLoss(torch.autograd.Function):
@@ -132,13 +135,15 @@ class _ChunkedLoss(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk):
             sl = slice(start, start + chunk)
             logp, p, lp, entropy = _chunk_softmax(hidden[sl], weight, targets[sl], temperature, ws)
-            token_loss, g_lp, g_h, metrics = loss_terms(_slice_plan(plan, sl), lp, entropy, old[sl], adv[sl],
-                                                        None if ref is None else ref[sl])
+            token_loss, g_lp, g_h, metrics = loss_terms(
+                _slice_plan(plan, sl), lp, entropy, old[sl], adv[sl], None if ref is None else ref[sl]
+            )
             loss += token_loss.sum()
             totals += metrics.sum(0)
             if want_hidden or want_weight:
-                g = _chunk_grad_logits(logp, p, entropy, targets[sl], g_lp, g_h if plan.use_entropy else None,
-                                       temperature)
+                g = _chunk_grad_logits(
+                    logp, p, entropy, targets[sl], g_lp, g_h if plan.use_entropy else None, temperature
+                )
                 out = _backprop_chunk(g, hidden[sl], weight, grad_weight)
                 if want_hidden:
                     grad_hidden[sl] = out
@@ -177,6 +182,7 @@ def chunked_policy_loss(
         raise ValueError("trainer.algorithm.use_kl_loss is on but no ref_logprobs were given")
     plan = plan_loss(settings, normalizer, loss_mask, seq_ids, num_sequences)
     chunk = token_chunk(hidden.shape[0], weight.shape[0], chunk_size)
-    loss, totals = _ChunkedLoss.apply(hidden, weight, targets, old_logprobs, advantages, ref_logprobs, plan,
-                                      float(temperature), chunk)
+    loss, totals = _ChunkedLoss.apply(
+        hidden, weight, targets, old_logprobs, advantages, ref_logprobs, plan, float(temperature), chunk
+    )
     return loss, metrics_dict(plan, totals, ref_logprobs is not None)

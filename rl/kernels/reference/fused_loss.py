@@ -29,8 +29,9 @@ class _FusedLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, _grad_metrics):
         logits, targets, lse, entropy, grad_lp, grad_h = ctx.saved_tensors
-        grad = logprobs_backward(logits, targets, ctx.temperature, lse, entropy, grad_lp * grad_loss,
-                                 grad_h * grad_loss, ctx.block_size)
+        grad = logprobs_backward(
+            logits, targets, ctx.temperature, lse, entropy, grad_lp * grad_loss, grad_h * grad_loss, ctx.block_size
+        )
         return grad, None, None, None, None, None, None, None
 
 
@@ -57,6 +58,7 @@ def fused_policy_loss(
     plan = plan_loss(settings, normalizer, loss_mask, seq_ids, num_sequences)
     if settings.use_kl_loss and ref_logprobs is None:
         raise ValueError("trainer.algorithm.use_kl_loss is on but no ref_logprobs were given")
-    loss, totals = _FusedLoss.apply(logits, targets, old_logprobs, advantages, ref_logprobs, plan, float(temperature),
-                                    block_size)
+    loss, totals = _FusedLoss.apply(
+        logits, targets, old_logprobs, advantages, ref_logprobs, plan, float(temperature), block_size
+    )
     return loss, metrics_dict(plan, totals, ref_logprobs is not None)

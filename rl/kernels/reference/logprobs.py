@@ -34,9 +34,7 @@ def _xlogx_safe(weights: Tensor, values: Tensor) -> Tensor:
 
 def check_logits(logits: Tensor, targets: Tensor) -> None:
     if logits.dim() != 2 or targets.shape != logits.shape[:1]:
-        raise ValueError(
-            f"logits must be [N, V] and targets [N], got {tuple(logits.shape)} and {tuple(targets.shape)}"
-        )
+        raise ValueError(f"logits must be [N, V] and targets [N], got {tuple(logits.shape)} and {tuple(targets.shape)}")
 
 
 def logprobs_forward(logits: Tensor, targets: Tensor, temperature: float = 1.0, block_size: int | None = None):
@@ -95,8 +93,9 @@ class _TokenLogprobs(torch.autograd.Function):
         logits, targets, lse, entropy = ctx.saved_tensors
         grad_logprob = torch.zeros_like(lse) if grad_logprob is None else grad_logprob
         grad_entropy = torch.zeros_like(lse) if grad_entropy is None else grad_entropy
-        grad = logprobs_backward(logits, targets, ctx.temperature, lse, entropy, grad_logprob, grad_entropy,
-                                 ctx.block_size)
+        grad = logprobs_backward(
+            logits, targets, ctx.temperature, lse, entropy, grad_logprob, grad_entropy, ctx.block_size
+        )
         return grad, None, None, None
 
 

@@ -47,8 +47,13 @@ class LossPlan:
     entropy_coef: float
 
 
-def plan_loss(settings: LossSettings, normalizer: LossNormalizer, loss_mask: Tensor, seq_ids: Tensor | None = None,
-              num_sequences: int | None = None) -> LossPlan:
+def plan_loss(
+    settings: LossSettings,
+    normalizer: LossNormalizer,
+    loss_mask: Tensor,
+    seq_ids: Tensor | None = None,
+    num_sequences: int | None = None,
+) -> LossPlan:
     """Per-token weights for `settings.loss_reduction` over a flat [N] (or padded [B, T]) micro-batch."""
     if settings.policy_loss_type not in POLICY_CODES:
         raise ValueError(
@@ -56,8 +61,10 @@ def plan_loss(settings: LossSettings, normalizer: LossNormalizer, loss_mask: Ten
             f"(supported: {sorted(POLICY_CODES)}); use trainer.kernels=torch for it"
         )
     if normalizer.reduction != settings.loss_reduction:
-        raise ValueError(f"normalizer was built for '{normalizer.reduction}' but trainer.algorithm.loss_reduction "
-                         f"is '{settings.loss_reduction}'")
+        raise ValueError(
+            f"normalizer was built for '{normalizer.reduction}' but trainer.algorithm.loss_reduction "
+            f"is '{settings.loss_reduction}'"
+        )
     mask = loss_mask.bool()
     ids = resolve_seq_ids(loss_mask, seq_ids)
     weight = mask.float().reshape(-1) / normalizer.denominator
@@ -108,8 +115,12 @@ def policy_terms(plan: LossPlan, logprob: Tensor, old: Tensor, adv: Tensor):
     negative = adv < 0
     lower = (negative & (loss > cap)).float()
     capped_grad = torch.where(loss < cap, grad, torch.where(loss > cap, torch.zeros_like(grad), 0.5 * grad))
-    return torch.where(negative, torch.minimum(loss, cap), loss), torch.where(negative, capped_grad, grad), \
-        clip_flag, lower
+    return (
+        torch.where(negative, torch.minimum(loss, cap), loss),
+        torch.where(negative, capped_grad, grad),
+        clip_flag,
+        lower,
+    )
 
 
 def kl_terms(plan: LossPlan, logprob: Tensor, ref: Tensor) -> tuple[Tensor, Tensor]:
@@ -124,8 +135,9 @@ def kl_terms(plan: LossPlan, logprob: Tensor, ref: Tensor) -> tuple[Tensor, Tens
     x = -diff
     xc = x.clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
     value = torch.exp(xc) - xc - 1
-    grad = -(torch.exp(xc) - 1) * _within(x, -K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND) * _within(value, -K3_BOUND,
-                                                                                                K3_BOUND)
+    grad = (
+        -(torch.exp(xc) - 1) * _within(x, -K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND) * _within(value, -K3_BOUND, K3_BOUND)
+    )
     return value.clamp(-K3_BOUND, K3_BOUND), grad
 
 
@@ -152,10 +164,17 @@ def loss_terms(plan: LossPlan, logprob: Tensor, entropy: Tensor, old: Tensor, ad
     token_loss = torch.where(mask, plan.weight * total, zero)
     grad_lp, grad_h = torch.where(mask, plan.weight * d_lp, zero), torch.where(mask, plan.weight * d_h, zero)
     mw, tw = plan.metric_weight, plan.token_weight
-    metrics = torch.stack([
-        torch.where(mask, mw * pg, zero), torch.where(mask, mw * kl, zero), torch.where(mask, mw * entropy, zero),
-        tw * clip_flag, tw * lower, torch.where(mask, tw * (old - lp), zero),
-    ], dim=1)
+    metrics = torch.stack(
+        [
+            torch.where(mask, mw * pg, zero),
+            torch.where(mask, mw * kl, zero),
+            torch.where(mask, mw * entropy, zero),
+            tw * clip_flag,
+            tw * lower,
+            torch.where(mask, tw * (old - lp), zero),
+        ],
+        dim=1,
+    )
     return token_loss, grad_lp, grad_h, metrics
 
 

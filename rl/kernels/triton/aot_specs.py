@@ -38,34 +38,81 @@ def _spec(name, fn, types, num_warps=4, **constexprs) -> KernelSpec:
 def _packing(dtype: str, pad: str, block_d: int) -> list[KernelSpec]:
     common = {"cu_ptr": "*i32", "width": "i32", "feat": "i32"}
     return [
-        _spec(f"pack_{dtype}", pack_kernel, {"padded_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", **common},
-              BLOCK_T=64, BLOCK_D=block_d),
-        _spec(f"unpack_{dtype}", unpack_kernel,
-              {"packed_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "pad_value": pad, **common},
-              BLOCK_T=64, BLOCK_D=block_d),
+        _spec(
+            f"pack_{dtype}",
+            pack_kernel,
+            {"padded_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", **common},
+            BLOCK_T=64,
+            BLOCK_D=block_d,
+        ),
+        _spec(
+            f"unpack_{dtype}",
+            unpack_kernel,
+            {"packed_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "pad_value": pad, **common},
+            BLOCK_T=64,
+            BLOCK_D=block_d,
+        ),
     ]
 
 
 def _logprobs(dtype: str) -> list[KernelSpec]:
     row = {"logits_ptr": f"*{dtype}", "targets_ptr": "*i64", "vocab": "i32", "stride": "i64", "inv_temp": "fp32"}
     return [
-        _spec(f"logprobs_fwd_{dtype}", logprobs_fwd_kernel,
-              {**row, "lp_ptr": "*fp32", "ent_ptr": "*fp32", "lse_ptr": "*fp32"}, num_warps=8, BLOCK_V=4096),
-        _spec(f"logprobs_bwd_{dtype}", logprobs_bwd_kernel,
-              {**row, "lse_ptr": "*fp32", "ent_ptr": "*fp32", "glp_ptr": "*fp32", "gent_ptr": "*fp32",
-               "grad_ptr": f"*{dtype}"}, num_warps=8, BLOCK_V=4096),
+        _spec(
+            f"logprobs_fwd_{dtype}",
+            logprobs_fwd_kernel,
+            {**row, "lp_ptr": "*fp32", "ent_ptr": "*fp32", "lse_ptr": "*fp32"},
+            num_warps=8,
+            BLOCK_V=4096,
+        ),
+        _spec(
+            f"logprobs_bwd_{dtype}",
+            logprobs_bwd_kernel,
+            {
+                **row,
+                "lse_ptr": "*fp32",
+                "ent_ptr": "*fp32",
+                "glp_ptr": "*fp32",
+                "gent_ptr": "*fp32",
+                "grad_ptr": f"*{dtype}",
+            },
+            num_warps=8,
+            BLOCK_V=4096,
+        ),
     ]
 
 
 def _fused(dtype: str, policy: str, code: int, kl: int, with_terms: bool) -> KernelSpec:
-    types = {name: "*fp32" for name in ("old_ptr", "adv_ptr", "ref_ptr", "weight_ptr", "mweight_ptr",
-                                        "tweight_ptr", "token_loss_ptr", "metrics_ptr")}
-    types.update({"logits_ptr": f"*{dtype}", "grad_ptr": f"*{dtype}", "targets_ptr": "*i64", "vocab": "i32",
-                  "stride": "i64"})
+    types = {
+        name: "*fp32"
+        for name in (
+            "old_ptr",
+            "adv_ptr",
+            "ref_ptr",
+            "weight_ptr",
+            "mweight_ptr",
+            "tweight_ptr",
+            "token_loss_ptr",
+            "metrics_ptr",
+        )
+    }
+    types.update(
+        {"logits_ptr": f"*{dtype}", "grad_ptr": f"*{dtype}", "targets_ptr": "*i64", "vocab": "i32", "stride": "i64"}
+    )
     types.update({name: "fp32" for name in ("inv_temp", "eps_low", "eps_high", "clip_c", "kl_coef", "ent_coef")})
     suffix = "kl_entropy" if with_terms else "plain"
-    return _spec(f"fused_loss_{policy}_{suffix}_{dtype}", fused_loss_kernel, types, num_warps=8, POLICY=code, KL=kl,
-                 HAS_REF=with_terms, USE_KL=with_terms, USE_ENT=with_terms, BLOCK_V=4096)
+    return _spec(
+        f"fused_loss_{policy}_{suffix}_{dtype}",
+        fused_loss_kernel,
+        types,
+        num_warps=8,
+        POLICY=code,
+        KL=kl,
+        HAS_REF=with_terms,
+        USE_KL=with_terms,
+        USE_ENT=with_terms,
+        BLOCK_V=4096,
+    )
 
 
 SPECS: list[KernelSpec] = [
@@ -76,6 +123,10 @@ SPECS: list[KernelSpec] = [
     *_packing("i64", "i64", 1),
     *_logprobs("fp32"),
     *_logprobs("bf16"),
-    *[_fused(dtype, policy, code, 3, terms) for dtype in ("fp32", "bf16")
-      for policy, code in (("regular", 0), ("dual_clip", 1), ("cispo", 2)) for terms in (False, True)],
+    *[
+        _fused(dtype, policy, code, 3, terms)
+        for dtype in ("fp32", "bf16")
+        for policy, code in (("regular", 0), ("dual_clip", 1), ("cispo", 2))
+        for terms in (False, True)
+    ],
 ]

@@ -40,8 +40,9 @@ def grad_block(row_ptr, grad_ptr, cols, target, vocab, inv_temp, lse, entropy, g
 
 
 @triton.jit
-def logprobs_fwd_kernel(logits_ptr, targets_ptr, lp_ptr, ent_ptr, lse_ptr, vocab, stride, inv_temp,
-                        BLOCK_V: tl.constexpr):
+def logprobs_fwd_kernel(
+    logits_ptr, targets_ptr, lp_ptr, ent_ptr, lse_ptr, vocab, stride, inv_temp, BLOCK_V: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     target = tl.load(targets_ptr + row)
     lp, ent, lse = row_stats(logits_ptr + row * stride, target, vocab, inv_temp, BLOCK_V)
@@ -51,10 +52,31 @@ def logprobs_fwd_kernel(logits_ptr, targets_ptr, lp_ptr, ent_ptr, lse_ptr, vocab
 
 
 @triton.jit
-def logprobs_bwd_kernel(logits_ptr, targets_ptr, lse_ptr, ent_ptr, glp_ptr, gent_ptr, grad_ptr, vocab, stride,
-                        inv_temp, BLOCK_V: tl.constexpr):
+def logprobs_bwd_kernel(
+    logits_ptr,
+    targets_ptr,
+    lse_ptr,
+    ent_ptr,
+    glp_ptr,
+    gent_ptr,
+    grad_ptr,
+    vocab,
+    stride,
+    inv_temp,
+    BLOCK_V: tl.constexpr,
+):
     """Program (row, j) writes vocabulary block j of row's gradient."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    grad_block(logits_ptr + row * stride, grad_ptr + row * stride, cols, tl.load(targets_ptr + row), vocab, inv_temp,
-               tl.load(lse_ptr + row), tl.load(ent_ptr + row), tl.load(glp_ptr + row), tl.load(gent_ptr + row))
+    grad_block(
+        logits_ptr + row * stride,
+        grad_ptr + row * stride,
+        cols,
+        tl.load(targets_ptr + row),
+        vocab,
+        inv_temp,
+        tl.load(lse_ptr + row),
+        tl.load(ent_ptr + row),
+        tl.load(glp_ptr + row),
+        tl.load(gent_ptr + row),
+    )

@@ -10,17 +10,41 @@ from rl.kernels.triton.loss_math import kl_token, policy_token
 
 
 @triton.jit
-def fused_loss_kernel(logits_ptr, targets_ptr, old_ptr, adv_ptr, ref_ptr, weight_ptr, mweight_ptr, tweight_ptr,
-                      token_loss_ptr, metrics_ptr, grad_ptr, vocab, stride, inv_temp, eps_low, eps_high, clip_c,
-                      kl_coef, ent_coef, POLICY: tl.constexpr, KL: tl.constexpr, HAS_REF: tl.constexpr,
-                      USE_KL: tl.constexpr, USE_ENT: tl.constexpr, BLOCK_V: tl.constexpr):
+def fused_loss_kernel(
+    logits_ptr,
+    targets_ptr,
+    old_ptr,
+    adv_ptr,
+    ref_ptr,
+    weight_ptr,
+    mweight_ptr,
+    tweight_ptr,
+    token_loss_ptr,
+    metrics_ptr,
+    grad_ptr,
+    vocab,
+    stride,
+    inv_temp,
+    eps_low,
+    eps_high,
+    clip_c,
+    kl_coef,
+    ent_coef,
+    POLICY: tl.constexpr,
+    KL: tl.constexpr,
+    HAS_REF: tl.constexpr,
+    USE_KL: tl.constexpr,
+    USE_ENT: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * stride
     target = tl.load(targets_ptr + row)
     lp, ent, lse = row_stats(row_ptr, target, vocab, inv_temp, BLOCK_V)
     old = tl.load(old_ptr + row).to(tl.float32)
-    pg, d_lp, clip, lower = policy_token(lp, old, tl.load(adv_ptr + row).to(tl.float32), eps_low, eps_high, clip_c,
-                                         POLICY)
+    pg, d_lp, clip, lower = policy_token(
+        lp, old, tl.load(adv_ptr + row).to(tl.float32), eps_low, eps_high, clip_c, POLICY
+    )
     total = pg
     kl = lp * 0.0
     if HAS_REF:

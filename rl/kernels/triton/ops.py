@@ -53,8 +53,9 @@ def pack(padded: Tensor, lengths: Tensor) -> Tensor:
     feat = padded[0, 0].numel() if padded.numel() else 1
     out = torch.empty((int(cu[-1]), *padded.shape[2:]), dtype=padded.dtype, device=padded.device)
     if out.numel():
-        pack_kernel[(batch, triton.cdiv(width, BLOCK_T))](_as_storage(padded.contiguous()), _as_storage(out), cu,
-                                                         width, feat, BLOCK_T=BLOCK_T, BLOCK_D=_block_d(feat))
+        pack_kernel[(batch, triton.cdiv(width, BLOCK_T))](
+            _as_storage(padded.contiguous()), _as_storage(out), cu, width, feat, BLOCK_T=BLOCK_T, BLOCK_D=_block_d(feat)
+        )
     return out
 
 
@@ -66,8 +67,15 @@ def unpack(packed: Tensor, lengths: Tensor, width: int, pad_value: float = 0) ->
     pad = float(pad_value) if packed.dtype.is_floating_point else int(pad_value)
     if out.numel():
         unpack_kernel[(lengths.numel(), triton.cdiv(width, BLOCK_T))](
-            _as_storage(packed.contiguous()), _as_storage(out), cu, width, feat, pad, BLOCK_T=BLOCK_T,
-            BLOCK_D=_block_d(feat))
+            _as_storage(packed.contiguous()),
+            _as_storage(out),
+            cu,
+            width,
+            feat,
+            pad,
+            BLOCK_T=BLOCK_T,
+            BLOCK_D=_block_d(feat),
+        )
     return out
 
 
@@ -75,8 +83,9 @@ def _forward(logits: Tensor, targets: Tensor, temperature: float):
     n, vocab = logits.shape
     lp, ent, lse = (torch.empty(n, dtype=torch.float32, device=logits.device) for _ in range(3))
     if n:
-        logprobs_fwd_kernel[(n,)](logits, targets, lp, ent, lse, vocab, logits.stride(0), 1.0 / temperature,
-                                  BLOCK_V=_block_v(vocab))
+        logprobs_fwd_kernel[(n,)](
+            logits, targets, lp, ent, lse, vocab, logits.stride(0), 1.0 / temperature, BLOCK_V=_block_v(vocab)
+        )
     return lp, ent, lse
 
 
@@ -97,17 +106,25 @@ class _TokenLogprobs(torch.autograd.Function):
         n, vocab = logits.shape
         if n:
             block = _block_v(vocab)
-            logprobs_bwd_kernel[(n, triton.cdiv(vocab, block))](logits, targets, lse, ent, grad_lp, grad_ent, grad,
-                                                                vocab, logits.stride(0), 1.0 / ctx.temperature,
-                                                                BLOCK_V=block)
+            logprobs_bwd_kernel[(n, triton.cdiv(vocab, block))](
+                logits,
+                targets,
+                lse,
+                ent,
+                grad_lp,
+                grad_ent,
+                grad,
+                vocab,
+                logits.stride(0),
+                1.0 / ctx.temperature,
+                BLOCK_V=block,
+            )
         return grad, None, None
 
 
 def _contiguous_logits(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     if logits.dim() != 2 or targets.shape != logits.shape[:1]:
-        raise ValueError(
-            f"logits must be [N, V] and targets [N], got {tuple(logits.shape)} and {tuple(targets.shape)}"
-        )
+        raise ValueError(f"logits must be [N, V] and targets [N], got {tuple(logits.shape)} and {tuple(targets.shape)}")
     return logits.contiguous(), targets.to(torch.int64).contiguous()
 
 
@@ -127,11 +144,32 @@ class _FusedLoss(torch.autograd.Function):
         if n:
             f32 = lambda t: t.to(torch.float32).contiguous()  # noqa: E731
             fused_loss_kernel[(n,)](
-                logits, targets, f32(old), f32(adv), f32(ref if ref is not None else old), f32(plan.weight),
-                f32(plan.metric_weight), f32(plan.token_weight), token_loss, metrics, grad, vocab, logits.stride(0),
-                1.0 / temperature, plan.eps_clip_low, plan.eps_clip_high, plan.clip_ratio_c, plan.kl_coef,
-                plan.entropy_coef, POLICY=plan.policy, KL=plan.kl, HAS_REF=ref is not None, USE_KL=plan.use_kl,
-                USE_ENT=plan.use_entropy, BLOCK_V=_block_v(vocab))
+                logits,
+                targets,
+                f32(old),
+                f32(adv),
+                f32(ref if ref is not None else old),
+                f32(plan.weight),
+                f32(plan.metric_weight),
+                f32(plan.token_weight),
+                token_loss,
+                metrics,
+                grad,
+                vocab,
+                logits.stride(0),
+                1.0 / temperature,
+                plan.eps_clip_low,
+                plan.eps_clip_high,
+                plan.clip_ratio_c,
+                plan.kl_coef,
+                plan.entropy_coef,
+                POLICY=plan.policy,
+                KL=plan.kl,
+                HAS_REF=ref is not None,
+                USE_KL=plan.use_kl,
+                USE_ENT=plan.use_entropy,
+                BLOCK_V=_block_v(vocab),
+            )
         ctx.save_for_backward(grad)
         totals = metrics.sum(0)
         ctx.mark_non_differentiable(totals)
@@ -143,10 +181,20 @@ class _FusedLoss(torch.autograd.Function):
         return grad * grad_loss.to(grad.dtype), None, None, None, None, None, None
 
 
-def fused_policy_loss(settings: LossSettings, logits: Tensor, targets: Tensor, old_logprobs: Tensor,
-                      advantages: Tensor, loss_mask: Tensor, normalizer: LossNormalizer, *,
-                      ref_logprobs: Tensor | None = None, seq_ids: Tensor | None = None,
-                      num_sequences: int | None = None, temperature: float = 1.0):
+def fused_policy_loss(
+    settings: LossSettings,
+    logits: Tensor,
+    targets: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    normalizer: LossNormalizer,
+    *,
+    ref_logprobs: Tensor | None = None,
+    seq_ids: Tensor | None = None,
+    num_sequences: int | None = None,
+    temperature: float = 1.0,
+):
     logits, targets = _contiguous_logits(logits, targets)
     if settings.use_kl_loss and ref_logprobs is None:
         raise ValueError("trainer.algorithm.use_kl_loss is on but no ref_logprobs were given")

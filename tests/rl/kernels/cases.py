@@ -43,19 +43,41 @@ def packed_batch(lengths=LENGTHS, vocab=50, dtype=torch.float32, device="cpu", s
     mask = torch.rand(n, generator=g) > 0.25
     seq_ids = torch.repeat_interleave(torch.arange(len(lengths)), lengths_t.long())
     to = lambda t: t.to(device)  # noqa: E731
-    return Batch(to(lengths_t), to(cu_seqlens_from_lengths(lengths_t)), to(seq_ids), to(logits), to(targets),
-                 to(old), to(adv), to(ref), to(mask))
+    return Batch(
+        to(lengths_t),
+        to(cu_seqlens_from_lengths(lengths_t)),
+        to(seq_ids),
+        to(logits),
+        to(targets),
+        to(old),
+        to(adv),
+        to(ref),
+        to(mask),
+    )
 
 
 SETTINGS = {
     "regular-token_mean": LossSettings(eps_clip_low=0.2, eps_clip_high=0.28),
     "dual_clip-seq_mean-kl_k3-entropy": LossSettings(
-        policy_loss_type="dual_clip", loss_reduction="sequence_mean", use_kl_loss=True, kl_loss_coef=0.1,
-        kl_estimator_type="k3", use_entropy_loss=True, entropy_loss_coef=0.05, clip_ratio_c=2.0),
-    "regular-drgrpo-kl_k2": LossSettings(loss_reduction="seq_mean_token_sum_norm", max_generate_length=16,
-                                         use_kl_loss=True, kl_loss_coef=0.2, kl_estimator_type="k2"),
-    "cispo-token_mean-kl_k1": LossSettings(policy_loss_type="cispo", use_kl_loss=True, kl_estimator_type="k1",
-                                           eps_clip_high=0.3),
+        policy_loss_type="dual_clip",
+        loss_reduction="sequence_mean",
+        use_kl_loss=True,
+        kl_loss_coef=0.1,
+        kl_estimator_type="k3",
+        use_entropy_loss=True,
+        entropy_loss_coef=0.05,
+        clip_ratio_c=2.0,
+    ),
+    "regular-drgrpo-kl_k2": LossSettings(
+        loss_reduction="seq_mean_token_sum_norm",
+        max_generate_length=16,
+        use_kl_loss=True,
+        kl_loss_coef=0.2,
+        kl_estimator_type="k2",
+    ),
+    "cispo-token_mean-kl_k1": LossSettings(
+        policy_loss_type="cispo", use_kl_loss=True, kl_estimator_type="k1", eps_clip_high=0.3
+    ),
     "regular-kl_abs-entropy": LossSettings(use_kl_loss=True, kl_estimator_type="abs", use_entropy_loss=True),
 }
 
@@ -68,5 +90,15 @@ def eager_logprobs(logits, targets, temperature=1.0):
 
 def oracle_loss(settings, logprob, entropy, b, normalizer):
     """rl/core's compute_policy_loss on the packed batch `b` (the oracle of every fused loss)."""
-    return compute_policy_loss(settings, logprob, b.old, b.adv, b.mask, normalizer, ref_logprobs=b.ref,
-                               entropy=entropy, seq_ids=b.seq_ids, num_sequences=b.num_sequences)
+    return compute_policy_loss(
+        settings,
+        logprob,
+        b.old,
+        b.adv,
+        b.mask,
+        normalizer,
+        ref_logprobs=b.ref,
+        entropy=entropy,
+        seq_ids=b.seq_ids,
+        num_sequences=b.num_sequences,
+    )

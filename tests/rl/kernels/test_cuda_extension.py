@@ -9,8 +9,15 @@ import torch
 
 from tests.rl.kernels.artifacts import cuobjdump, find
 
-KERNELS = ("cu_seqlens_kernel", "position_ids_kernel", "pack_kernel", "unpack_kernel", "forward_kernel",
-           "backward_kernel", "fused_loss_kernel")
+KERNELS = (
+    "cu_seqlens_kernel",
+    "position_ids_kernel",
+    "pack_kernel",
+    "unpack_kernel",
+    "forward_kernel",
+    "backward_kernel",
+    "fused_loss_kernel",
+)
 
 
 def _path() -> str:
@@ -26,8 +33,7 @@ def _load():
 
 def test_imports_without_a_gpu():
     module = _load()
-    for name in ("cu_seqlens", "position_ids", "pack", "unpack", "logprobs_forward", "logprobs_backward",
-                 "fused_loss"):
+    for name in ("cu_seqlens", "position_ids", "pack", "unpack", "logprobs_forward", "logprobs_backward", "fused_loss"):
         assert callable(getattr(module, name))
 
 
@@ -44,5 +50,5 @@ def test_embeds_sm80_sm90_cubins_ptx_and_every_kernel():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error path of a machine without a GPU")
 def test_call_without_gpu_raises_a_clear_error():
-    with pytest.raises(RuntimeError, match="needs a CUDA device.*trainer.kernels"):
+    with pytest.raises(RuntimeError, match=r"needs a CUDA device.*trainer\.kernels"):
         _load().logprobs_forward(0, 0, 0, 0, 0, 0, 1, 8, 8, 1.0, 0)

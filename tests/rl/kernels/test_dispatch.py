@@ -22,7 +22,7 @@ def test_cpu_tensors_run_the_torch_reference():
 
 @pytest.mark.parametrize("choice", ["triton", "cuda"])
 def test_forcing_a_gpu_kernel_on_cpu_names_the_key(choice):
-    with pytest.raises(ValueError, match=f"trainer.kernels={choice} needs CUDA tensors"):
+    with pytest.raises(ValueError, match=rf"trainer\.kernels={choice} needs CUDA tensors"):
         ops.token_logprobs_entropy(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), kernels=choice)
 
 
@@ -32,7 +32,7 @@ def test_triton_on_cpu_is_allowed_under_the_interpreter(monkeypatch):
 
 
 def test_unknown_choice_names_the_key():
-    with pytest.raises(ValueError, match="trainer.kernels must be one of"):
+    with pytest.raises(ValueError, match=r"trainer\.kernels must be one of"):
         ops.resolve("fast", torch.zeros(1))
 
 
@@ -40,8 +40,7 @@ def test_packing_ops_through_the_dispatch():
     lengths = torch.tensor([2, 0, 3])
     padded = torch.arange(12).reshape(3, 4)
     assert ops.pack(padded, lengths).tolist() == [0, 1, 8, 9, 10]
-    assert ops.unpack(ops.pack(padded, lengths), lengths, 4, -1).tolist() == [[0, 1, -1, -1], [-1] * 4,
-                                                                              [8, 9, 10, -1]]
+    assert ops.unpack(ops.pack(padded, lengths), lengths, 4, -1).tolist() == [[0, 1, -1, -1], [-1] * 4, [8, 9, 10, -1]]
     cu = ops.cu_seqlens_from_lengths(lengths)
     assert cu.tolist() == [0, 2, 2, 5] and ops.position_ids(cu).tolist() == [0, 1, 0, 1, 2]
 

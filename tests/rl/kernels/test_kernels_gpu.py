@@ -80,9 +80,19 @@ def test_fused_loss_at_scale(impl, name, dtype):
     b = packed_batch(lengths=lengths, vocab=32768, dtype=dtype, device="cuda", seed=2)
     normalizer = settings.normalizer(b.mask, seq_ids=b.seq_ids, num_sequences=b.num_sequences, dp_world_size=2)
     logits = b.logits.clone().requires_grad_()
-    loss, metrics = ops.fused_policy_loss(settings, logits, b.targets, b.old, b.adv, b.mask, normalizer,
-                                          ref_logprobs=b.ref, seq_ids=b.seq_ids, num_sequences=b.num_sequences,
-                                          temperature=0.9)
+    loss, metrics = ops.fused_policy_loss(
+        settings,
+        logits,
+        b.targets,
+        b.old,
+        b.adv,
+        b.mask,
+        normalizer,
+        ref_logprobs=b.ref,
+        seq_ids=b.seq_ids,
+        num_sequences=b.num_sequences,
+        temperature=0.9,
+    )
     loss.backward()
     eager_in = b.logits.clone().requires_grad_()
     lp0, ent0 = eager_logprobs(eager_in, b.targets, 0.9)

@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from rl.core.algorithms import compute_policy_loss
 from rl.kernels import reference as ref_ops
 from tests.rl.kernels.cases import LENGTHS, SETTINGS, eager_logprobs, oracle_loss, packed_batch
 
@@ -64,9 +63,20 @@ def test_fused_loss_matches_compute_policy_loss(name, dp):
     b = packed_batch()
     normalizer = settings.normalizer(b.mask, seq_ids=b.seq_ids, num_sequences=b.num_sequences, dp_world_size=dp)
     logits = b.logits.clone().requires_grad_()
-    loss, metrics = ref_ops.fused_policy_loss(settings, logits, b.targets, b.old, b.adv, b.mask, normalizer,
-                                              ref_logprobs=b.ref, seq_ids=b.seq_ids, num_sequences=b.num_sequences,
-                                              temperature=0.8, block_size=16)
+    loss, metrics = ref_ops.fused_policy_loss(
+        settings,
+        logits,
+        b.targets,
+        b.old,
+        b.adv,
+        b.mask,
+        normalizer,
+        ref_logprobs=b.ref,
+        seq_ids=b.seq_ids,
+        num_sequences=b.num_sequences,
+        temperature=0.8,
+        block_size=16,
+    )
     loss.backward()
     eager_in = b.logits.clone().requires_grad_()
     lp0, h0 = eager_logprobs(eager_in, b.targets, 0.8)
@@ -85,7 +95,7 @@ def test_fused_loss_rejects_gspo_naming_the_key():
     settings = LossSettings(policy_loss_type="gspo", loss_reduction="sequence_mean")
     b = packed_batch()
     normalizer = settings.normalizer(b.mask, seq_ids=b.seq_ids, num_sequences=b.num_sequences)
-    with pytest.raises(ValueError, match="trainer.algorithm.policy_loss_type"):
+    with pytest.raises(ValueError, match=r"trainer\.algorithm\.policy_loss_type"):
         ref_ops.fused_policy_loss(settings, b.logits, b.targets, b.old, b.adv, b.mask, normalizer)
 
 
@@ -116,9 +126,20 @@ def test_chunked_loss_matches_compute_policy_loss(name):
     hidden = torch.randn(b.targets.numel(), 12, generator=g, requires_grad=True)
     weight = torch.randn(40, 12, generator=g, requires_grad=True)
     normalizer = settings.normalizer(b.mask, seq_ids=b.seq_ids, num_sequences=b.num_sequences)
-    loss, metrics = ref_ops.chunked_policy_loss(settings, hidden, weight, b.targets, b.old, b.adv, b.mask,
-                                                normalizer, ref_logprobs=b.ref, seq_ids=b.seq_ids,
-                                                num_sequences=b.num_sequences, chunk_size=4)
+    loss, metrics = ref_ops.chunked_policy_loss(
+        settings,
+        hidden,
+        weight,
+        b.targets,
+        b.old,
+        b.adv,
+        b.mask,
+        normalizer,
+        ref_logprobs=b.ref,
+        seq_ids=b.seq_ids,
+        num_sequences=b.num_sequences,
+        chunk_size=4,
+    )
     grads = torch.autograd.grad(2.0 * loss, (hidden, weight))
     lp0, h0 = eager_logprobs(hidden @ weight.T, b.targets)
     loss0, metrics0 = oracle_loss(settings, lp0, h0, b, normalizer)

@@ -27,8 +27,9 @@ def torch_step(job, tmp_path_factory):
     return _first_step(str(tmp_path_factory.mktemp("torch")), job, "torch")
 
 
-@pytest.mark.parametrize(("kernels", "env"), [("auto", None), ("triton", {"TRITON_INTERPRET": "1"})],
-                         ids=["auto", "triton-interpreted"])
+@pytest.mark.parametrize(
+    ("kernels", "env"), [("auto", None), ("triton", {"TRITON_INTERPRET": "1"})], ids=["auto", "triton-interpreted"]
+)
 def test_first_step_matches_torch_kernels(job, torch_step, tmp_path, kernels, env):
     got = _first_step(str(tmp_path / "run"), job, kernels, env)
     assert got["reward_mean"] == torch_step["reward_mean"]

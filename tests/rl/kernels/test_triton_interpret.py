@@ -8,9 +8,9 @@ import torch
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("Triton runs on CPU only with TRITON_INTERPRET=1 (the Bazel target sets it)", allow_module_level=True)
 
-from rl.kernels import reference as ref_ops  # noqa: E402
-from rl.kernels.triton import ops as tri  # noqa: E402
-from tests.rl.kernels.cases import SETTINGS, eager_logprobs, oracle_loss, packed_batch  # noqa: E402
+from rl.kernels import reference as ref_ops
+from rl.kernels.triton import ops as tri
+from tests.rl.kernels.cases import SETTINGS, eager_logprobs, oracle_loss, packed_batch
 
 
 @pytest.mark.parametrize("lengths", [[3, 0, 1, 5], [0, 0], [1], [70, 2]])
@@ -20,8 +20,12 @@ def test_packing_ops(lengths):
     assert cu.tolist() == ref_ops.cu_seqlens_from_lengths(lengths).tolist()
     assert tri.position_ids(cu).tolist() == ref_ops.position_ids(cu).tolist()
     width = int(lengths.max()) + 2
-    for padded in (torch.randn(len(lengths), width), torch.randn(len(lengths), width, 3).bfloat16(),
-                   torch.randint(0, 1000, (len(lengths), width)), torch.rand(len(lengths), width) > 0.5):
+    for padded in (
+        torch.randn(len(lengths), width),
+        torch.randn(len(lengths), width, 3).bfloat16(),
+        torch.randint(0, 1000, (len(lengths), width)),
+        torch.rand(len(lengths), width) > 0.5,
+    ):
         packed = tri.pack(padded, lengths)
         assert torch.equal(packed, ref_ops.pack(padded, lengths))
         pad = 0 if padded.dtype == torch.bool else 7
@@ -50,9 +54,19 @@ def test_fused_loss_matches_compute_policy_loss(name):
     b = packed_batch(vocab=37)
     normalizer = settings.normalizer(b.mask, seq_ids=b.seq_ids, num_sequences=b.num_sequences, dp_world_size=2)
     logits = b.logits.clone().requires_grad_()
-    loss, metrics = tri.fused_policy_loss(settings, logits, b.targets, b.old, b.adv, b.mask, normalizer,
-                                          ref_logprobs=b.ref, seq_ids=b.seq_ids, num_sequences=b.num_sequences,
-                                          temperature=0.9)
+    loss, metrics = tri.fused_policy_loss(
+        settings,
+        logits,
+        b.targets,
+        b.old,
+        b.adv,
+        b.mask,
+        normalizer,
+        ref_logprobs=b.ref,
+        seq_ids=b.seq_ids,
+        num_sequences=b.num_sequences,
+        temperature=0.9,
+    )
     (3.0 * loss).backward()
     eager_in = b.logits.clone().requires_grad_()
     lp0, ent0 = eager_logprobs(eager_in, b.targets, 0.9)
@@ -72,8 +86,18 @@ def test_fused_loss_bf16_logits_match_reference():
     outs = []
     for impl in (tri.fused_policy_loss, ref_ops.fused_policy_loss):
         logits = b.logits.clone().requires_grad_()
-        loss, _ = impl(settings, logits, b.targets, b.old, b.adv, b.mask, normalizer, ref_logprobs=b.ref,
-                       seq_ids=b.seq_ids, num_sequences=b.num_sequences)
+        loss, _ = impl(
+            settings,
+            logits,
+            b.targets,
+            b.old,
+            b.adv,
+            b.mask,
+            normalizer,
+            ref_logprobs=b.ref,
+            seq_ids=b.seq_ids,
+            num_sequences=b.num_sequences,
+        )
         loss.backward()
         outs.append((loss, logits.grad))
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
