@@ -13,6 +13,7 @@ import importlib.util
 import os
 from types import ModuleType
 
+import torch
 from torch import Tensor
 
 from rl.kernels import reference
@@ -41,7 +42,9 @@ def resolve(kernels: str, tensor: Tensor) -> str:
         raise ValueError(f"trainer.kernels must be one of {CHOICES}, got '{kernels}'")
     on_cuda = tensor.device.type == "cuda"
     if kernels == "auto":
-        if on_cuda and cuda_extension_available():
+        # the CUDA kernels take fp32/bf16 floats (packing: any dtype); Triton's are generic over the float type
+        cuda_dtype = not tensor.dtype.is_floating_point or tensor.dtype in (torch.float32, torch.bfloat16)
+        if on_cuda and cuda_dtype and cuda_extension_available():
             return "cuda"
         if on_cuda and triton_available():
             return "triton"
