@@ -149,3 +149,18 @@ def test_chunked_loss_matches_compute_policy_loss(name):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     for key in metrics0:
         torch.testing.assert_close(metrics[key], metrics0[key], atol=1e-5, rtol=1e-5, msg=key)
+
+
+def test_empty_batch_gives_zero_loss_and_empty_gradient():
+    settings = SETTINGS["dual_clip-seq_mean-kl_k3-entropy"]
+    b = packed_batch(lengths=[0, 0])
+    normalizer = settings.normalizer(b.mask, seq_ids=b.seq_ids, num_sequences=b.num_sequences)
+    logits = b.logits.clone().requires_grad_()
+    loss, metrics = ref_ops.fused_policy_loss(
+        settings, logits, b.targets, b.old, b.adv, b.mask, normalizer, ref_logprobs=b.ref, seq_ids=b.seq_ids
+    )
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and logits.grad.shape == (0, 50)
+    assert all(float(v) == 0.0 for v in metrics.values())
+    lp, ent = ref_ops.token_logprobs_entropy(b.logits, b.targets)
+    assert lp.shape == ent.shape == (0,)

@@ -103,3 +103,15 @@ def test_fused_loss_bf16_logits_match_reference():
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
     assert outs[0][1].dtype == torch.bfloat16
     torch.testing.assert_close(outs[0][1].float(), outs[1][1].float(), atol=1e-3, rtol=1e-2)
+
+
+def test_empty_batch():
+    settings = SETTINGS["regular-token_mean"]
+    b = packed_batch(lengths=[0, 0], vocab=37)
+    normalizer = settings.normalizer(b.mask, seq_ids=b.seq_ids, num_sequences=b.num_sequences)
+    logits = b.logits.clone().requires_grad_()
+    loss, _ = tri.fused_policy_loss(settings, logits, b.targets, b.old, b.adv, b.mask, normalizer, seq_ids=b.seq_ids)
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and logits.grad.shape == (0, 37)
+    lp, _ = tri.token_logprobs_entropy(b.logits, b.targets)
+    assert lp.shape == (0,)
