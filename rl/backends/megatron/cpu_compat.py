@@ -9,14 +9,17 @@ module attributes for the time it is active and restores them on exit (megatron-
    set_rng_state / manual_seed` act on the CPU generator, `torch.cuda.Stream / current_stream / stream` are no-op
    stand-ins (the MoE all-to-all dispatcher's device-to-host side stream), and tensor factories (`zeros`, `empty`,
    `ones`, `full`, `tensor`, `arange`) map `device="cuda"` to the CPU. Covers: the global memory buffer
-   (`utils`), the sequence-parallel all-gather buffers (`tensor_parallel.layers`), `total_num_tokens` and p2p shape
-   buffers in the pipeline schedules, RoPE frequencies, MoE router/expert buffers.
+   (`utils`), the sequence-parallel gather and reduce-scatter buffers (`tensor_parallel.layers`, `.mappings`),
+   `total_num_tokens` and p2p shape buffers in the pipeline schedules, RoPE frequencies, MoE router/expert buffers.
 2. `tensor_parallel.random._get_cuda_rng_state / _set_cuda_rng_state` -> the CPU generator's state, so the CUDA RNG
    tracker (`model_parallel_cuda_manual_seed`, `get_cuda_rng_tracker().fork()`) keeps its named streams on the CPU.
 3. `LanguageModule.setup_embeddings_and_output_layer`: with tied embeddings and PP > 1 it moves the output weight
    with `Tensor.cuda()` before syncing it across the embedding group; the replacement does the same sync on the CPU.
 
-4. `transformer.moe.moe_utils.te_general_gemm = None` when Transformer Engine is absent (on any device): 0.16.1
+4. `transformer.moe.token_dispatcher.maybe_move_tensor_to_cpu`: returns the all-to-all split sizes as numpy only for
+   CUDA tensors; on the CPU they stayed tensors, which `torch.distributed.all_to_all_single` rejects. The
+   replacement converts CPU tensors too when numpy is asked for.
+5. `transformer.moe.moe_utils.te_general_gemm = None` when Transformer Engine is absent (on any device): 0.16.1
    imports it only with TE but tests it unguarded in the MoE router's gating linear (a NameError without TE).
 
 Not patched (the backend avoids them on CPU): megatron's optimizers (`optimizer/clip_grads.py` asserts
@@ -42,6 +45,7 @@ _TORCH_PROXIED = (
     "megatron.core.utils",
     "megatron.core.tensor_parallel.random",
     "megatron.core.tensor_parallel.layers",
+    "megatron.core.tensor_parallel.mappings",
     "megatron.core.pipeline_parallel.schedules",
     "megatron.core.pipeline_parallel.p2p_communication",
     "megatron.core.models.common.embeddings.rotary_pos_embedding",
@@ -173,6 +177,17 @@ def _set_rng_state(state, *args, **kwargs):
     torch.set_rng_state(state)
 
 
+def _splits_to_numpy(original):
+    """maybe_move_tensor_to_cpu that also turns CPU tensors into numpy when asked (item 4)."""
+
+    def move(tensor, as_numpy: bool = False, record_stream: bool = False):
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    return move
+
+
 def _setup_embeddings_on_cpu(original):
     """LanguageModule.setup_embeddings_and_output_layer without `Tensor.cuda()` (item 3)."""
 
@@ -209,6 +224,8 @@ def _apply() -> None:
     proxy = _CpuTorch()
     for module_name in _TORCH_PROXIED:
         _patch(importlib.import_module(module_name), "torch", proxy)
+    dispatcher = importlib.import_module("megatron.core.transformer.moe.token_dispatcher")
+    _patch(dispatcher, "maybe_move_tensor_to_cpu", _splits_to_numpy(dispatcher.maybe_move_tensor_to_cpu))
     random = importlib.import_module("megatron.core.tensor_parallel.random")
     _patch(random, "_get_cuda_rng_state", _get_rng_state)
     _patch(random, "_set_cuda_rng_state", _set_rng_state)
@@ -233,7 +250,7 @@ def is_active() -> bool:
 
 @contextlib.contextmanager
 def cpu_compat(device: torch.device | str):
-    """Applies the patches while active when `device` is the CPU; on GPU only item 4. Re-entrant."""
+    """Applies the patches while active when `device` is the CPU; on GPU only item 5. Re-entrant."""
     global _depth
     if torch.device(device).type != "cpu":
         with _lock:

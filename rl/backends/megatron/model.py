@@ -89,25 +89,43 @@ def transformer_config(hf_config, layout: Layout, sequence_parallel: bool = Fals
     return TransformerConfig(**kwargs)
 
 
-def layer_spec(config):
-    """The local spec with the THD-capable core attention."""
+def block_spec(config, num_local_layers: int):
+    """The local spec with the THD-capable core attention and an RMSNorm that supports sequence parallelism."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     from rl.backends.megatron.attention import PackedDotProductAttention
+    from rl.backends.megatron.norm import RMSNorm
 
     spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
-    return spec
+    spec.submodules.input_layernorm = RMSNorm
+    spec.submodules.pre_mlp_layernorm = RMSNorm
+    return TransformerBlockSubmodules(layer_specs=[spec] * num_local_layers, layer_norm=RMSNorm)
+
+
+def mark_tensor_parallel(model) -> None:
+    """Sets megatron's `tensor_model_parallel` / `partition_dim` on sharded weights: megatron-core only sets them
+    while initializing weights, which is skipped here (`perform_initialization=False`, the weights come from HF)."""
+    from megatron.core import tensor_parallel as tp
+
+    dims = {tp.ColumnParallelLinear: 0, tp.RowParallelLinear: 1, tp.VocabParallelEmbedding: 0}
+    for module in model.modules():
+        dim = next((d for cls, d in dims.items() if isinstance(module, cls)), None)
+        weight = getattr(module, "weight", None)
+        if dim is not None and weight is not None and not getattr(weight, "tensor_model_parallel", False):
+            tp.set_tensor_model_parallel_attributes(weight, True, dim, 1)
 
 
 def build_gpt_model(hf_config, config, layout: Layout, pre_process: bool, post_process: bool):
     from megatron.core.models.gpt import GPTModel
 
-    layout.layers_per_stage(hf_config.num_hidden_layers)
-    return GPTModel(
-        config=config, transformer_layer_spec=layer_spec(config),
+    model = GPTModel(
+        config=config, transformer_layer_spec=block_spec(config, layout.layers_per_stage(hf_config.num_hidden_layers)),
         vocab_size=padded_vocab_size(hf_config.vocab_size, layout.tp),
         max_sequence_length=hf_config.max_position_embeddings, pre_process=pre_process, post_process=post_process,
         parallel_output=True, share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
         position_embedding_type="rope", rotary_base=rope_theta(hf_config),
     )
+    mark_tensor_parallel(model)
+    return model

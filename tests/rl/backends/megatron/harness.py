@@ -1,0 +1,97 @@
+"""Runs one training step of a strategy in `world` gloo processes and returns what rank 0 saw.
+
+Every rank gets its own sequences (as the trainer's data-parallel split does). The result holds the loss and
+metrics summed over ranks, per-token logprobs of every sequence, full gradients in Hugging Face naming and the
+global grad norm, so runs of different strategies and layouts can be compared tensor by tensor.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from rl.core.algorithms import LossNormalizer, LossSettings
+from rl.core.packing import pack_sequences
+
+LENGTHS = ((6, 9, 4, 7), (5, 8, 3, 10))  # sequences given to rank 0 and rank 1 in 2-rank runs
+
+
+def sequences(vocab: int) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for n in (n for rank in LENGTHS for n in rank):
+        mask = torch.arange(n) >= 2
+        out.append({"input_ids": torch.randint(1, vocab, (n,), generator=g), "loss_mask": mask,
+                    "advantages": torch.randn(n, generator=g) * mask,
+                    "old_logprobs": -torch.rand(n, generator=g) * mask})
+    return out
+
+
+def rank_batches(vocab: int, world: int):
+    seqs = sequences(vocab)
+    per_rank = len(seqs) // world
+    return [pack_sequences(seqs[r * per_rank:(r + 1) * per_rank]) for r in range(world)], seqs
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _full_grads(backend, strategy: str) -> dict[str, torch.Tensor]:
+    if strategy == "megatron":
+        from rl.backends.megatron.checkpoint import gather_shards
+        from rl.backends.megatron.convert import megatron_to_hf
+
+        grads = {name: p.grad for name, p in backend.model.named_parameters()}
+        holder = torch.nn.Module()
+        holder.state_dict = lambda: grads  # gather_shards reads state_dict()
+        shards = gather_shards(holder, backend.layout)
+        return megatron_to_hf(shards, backend.hf_config, backend.layout.tp, backend.layout.pp,
+                              backend.layout.ep) if shards else {}
+    return {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+            for name, p in backend.model.named_parameters()}
+
+
+def _worker(rank: int, world: int, port: int, strategy: str, options: dict, model_path: str, vocab: int,
+            out: str) -> None:
+    from rl.backends.base import ModelSpec, build_backend
+    from rl.backends.dist import all_reduce_sum, init_distributed
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    info = init_distributed(rank, world, "127.0.0.1", port)
+    spec = ModelSpec(path=model_path, role="policy", temperature=1.0, lr=1e-2, max_grad_norm=1e9,
+                     backend_options=options)
+    backend = build_backend(strategy, spec, info)
+    batches, seqs = rank_batches(vocab, world)
+    batch = batches[rank]
+    logprobs = backend.logprobs(batch, with_entropy=True)
+    settings = LossSettings(use_kl_loss=False, entropy_loss_coef=0.01, use_entropy_loss=True)
+    tokens = sum(int(s["loss_mask"].sum()) for s in seqs)
+    normalizer = LossNormalizer.from_counts("token_mean", tokens, len(seqs), dp_world_size=world)
+    metrics = backend.forward_backward(batch, settings, normalizer)
+    names = sorted(metrics)
+    summed = dict(zip(names, all_reduce_sum([metrics[n] for n in names], info.device), strict=True))
+    norm = backend.clip_grad_norm()
+    grads = _full_grads(backend, strategy)
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, (logprobs[0], logprobs[1]))
+    if rank == 0:
+        torch.save({"metrics": summed, "logprobs": torch.cat([e[0] for e in everyone]),
+                    "entropy": torch.cat([e[1] for e in everyone]), "grads": grads, "grad_norm": norm}, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_step(strategy: str, model_path: str, vocab: int, world: int = 2, options: dict | None = None) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.pt")
+        mp.spawn(_worker, args=(world, free_port(), strategy, options or {}, model_path, vocab, out), nprocs=world)
+        return torch.load(out, weights_only=False)
