@@ -1,0 +1,65 @@
+"""Whole-checkpoint conversion on one process: HF directory <-> megatron shard files for a TP/PP/EP layout."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from rl.backends.megatron import checkpoint as ckpt
+from rl.backends.megatron.convert import hf_to_megatron, megatron_to_hf
+from rl.backends.megatron.model import Layout
+
+LAYOUT_FILE = "layout.json"
+
+
+def hf_to_megatron_checkpoint(hf_path: str, out_dir: str, tp: int, pp: int, ep: int) -> None:
+    """Writes one shard per (tp, pp, ep) rank and layout.json (with the source path, for the config)."""
+    from transformers import AutoConfig
+
+    from rl.backends.hf_model import load_causal_lm
+
+    config = AutoConfig.from_pretrained(hf_path)
+    experts = getattr(config, "num_local_experts", 1)
+    if ep > 1 and experts % ep:
+        raise ValueError(f"--ep={ep} must divide the model's {experts} experts")
+    weights = load_causal_lm(hf_path, torch.device("cpu")).state_dict()
+    if os.path.exists(out_dir):
+        raise FileExistsError(f"{out_dir} already exists; conversions are never overwritten")
+    staging = out_dir.rstrip("/") + ".partial"
+    for t in range(tp):
+        for p in range(pp):
+            for e in range(ep):
+                layout = Layout(tp=tp, pp=pp, ep=ep, tp_rank=t, pp_rank=p, ep_rank=e)
+                ckpt.write_shard(staging, layout, {"model": hf_to_megatron(weights, config, layout)})
+    with open(os.path.join(staging, LAYOUT_FILE), "w") as f:
+        json.dump({"tp": tp, "pp": pp, "ep": ep, "hf_path": os.path.abspath(hf_path)}, f)
+    os.replace(staging, out_dir)
+
+
+def read_layout(megatron_dir: str) -> dict:
+    path = os.path.join(megatron_dir, LAYOUT_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} is missing: not a checkpoint written by rl.launch.convert")
+    with open(path) as f:
+        return json.load(f)
+
+
+def megatron_checkpoint_to_hf(megatron_dir: str, out_dir: str, hf_config_path: str | None = None) -> None:
+    """Merges every shard back into Hugging Face safetensors (config and tokenizer from `hf_config_path`, default
+    the source recorded at conversion)."""
+    from transformers import AutoConfig
+
+    from rl.backends.hf_model import save_hf_checkpoint
+
+    info = read_layout(megatron_dir)
+    source = hf_config_path or info["hf_path"]
+    config = AutoConfig.from_pretrained(source)
+    shards = {}
+    for t in range(info["tp"]):
+        for p in range(info["pp"]):
+            for e in range(info["ep"]):
+                layout = Layout(tp=info["tp"], pp=info["pp"], ep=info["ep"], tp_rank=t, pp_rank=p, ep_rank=e)
+                shards[(t, p, e)] = ckpt.read_shard(megatron_dir, layout)["model"]
+    save_hf_checkpoint(source, megatron_to_hf(shards, config, info["tp"], info["pp"], info["ep"]), out_dir)
