@@ -253,10 +253,10 @@ def cpu_compat(device: torch.device | str):
     """Applies the patches while active when `device` is the CPU; on GPU only item 5. Re-entrant."""
     global _depth
     if torch.device(device).type != "cpu":
-        with _lock:
-            check_version()
-            if not _saved:
-                _define_missing_te_gemm()  # process-wide on GPU: a no-op where Transformer Engine is installed
+        check_version()
+        moe_utils = importlib.import_module("megatron.core.transformer.moe.moe_utils")
+        if not hasattr(moe_utils, "te_general_gemm"):  # item 5, kept for the process: a GPU has no scope to leave
+            moe_utils.te_general_gemm = None
         yield
         return
     with _lock:
