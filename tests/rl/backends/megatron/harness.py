@@ -95,3 +95,49 @@ def run_step(strategy: str, model_path: str, vocab: int, world: int = 2, options
         out = os.path.join(tmp, "result.pt")
         mp.spawn(_worker, args=(world, free_port(), strategy, options or {}, model_path, vocab, out), nprocs=world)
         return torch.load(out, weights_only=False)
+
+
+def _train_once(backend, batch, world: int) -> dict[str, float]:
+    settings = LossSettings(use_kl_loss=False)
+    tokens = int(batch.loss_mask.sum()) * world  # every rank's batch has the same loss-token count here
+    normalizer = LossNormalizer.from_counts("token_mean", tokens, batch.num_sequences * world, dp_world_size=world)
+    metrics = backend.forward_backward(batch, settings, normalizer)
+    metrics.update(backend.optimizer_step())
+    return metrics
+
+
+def _state_worker(rank: int, world: int, port: int, options: dict, model_path: str, vocab: int, out: str) -> None:
+    """Train, checkpoint, train on; a fresh backend restored from the checkpoint must repeat the second step
+    exactly; rank 0 exports the trained weights for transformers."""
+    from rl.backends.base import ModelSpec, build_backend
+    from rl.backends.dist import init_distributed
+    from rl.backends.hf_model import save_hf_checkpoint
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    info = init_distributed(rank, world, "127.0.0.1", port)
+    spec = ModelSpec(path=model_path, role="policy", temperature=1.0, lr=1e-2, backend_options=options)
+    batch = pack_sequences([s for s in sequences(vocab)[:4]])  # the same batch on both ranks
+    first = build_backend("megatron", spec, info)
+    _train_once(first, batch, world)
+    first.save_checkpoint(os.path.join(os.path.dirname(out), "ckpt"))
+    expected = _train_once(first, batch, world)
+    expected_state = first.full_state_dict()
+    trained_logprobs = first.logprobs(batch)[0]
+    second = build_backend("megatron", spec, info)
+    second.load_checkpoint(os.path.join(os.path.dirname(out), "ckpt"))
+    got = _train_once(second, batch, world)
+    got_state = second.full_state_dict()
+    if rank == 0:
+        export = os.path.join(os.path.dirname(out), "export")
+        save_hf_checkpoint(model_path, dict(got_state), export)  # save_pretrained empties the dict it gets
+        torch.save({"expected": expected, "got": got, "expected_state": expected_state, "got_state": got_state,
+                    "export": export, "trained_logprobs": trained_logprobs, "batch": batch}, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_state_round_trip(model_path: str, vocab: int, options: dict, directory: str, world: int = 2) -> dict:
+    out = os.path.join(directory, "result.pt")
+    mp.spawn(_state_worker, args=(world, free_port(), options, model_path, vocab, out), nprocs=world)
+    return torch.load(out, weights_only=False)
