@@ -35,6 +35,9 @@ class MegatronBackend(TrainingBackend):
         from rl.backends.megatron.model import build_gpt_model, transformer_config
 
         self.options = MegatronOptions.from_dict(self.spec.backend_options)
+        if self.options.optimizer_cpu_offload and self.dist.device.type == "cuda":
+            raise NotImplementedError("trainer.policy.megatron_config.optimizer_cpu_offload=true is not implemented "
+                                      "by the megatron backend on GPU yet; set it to false")
         self._compat = enable(self.dist.device)  # held for the backend's lifetime; a no-op on GPU
         init_parallel_state(self.options, self.dist.world_size)
         self.layout = current_layout()

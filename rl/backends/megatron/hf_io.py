@@ -9,7 +9,7 @@ import torch
 
 from rl.backends.megatron import checkpoint as ckpt
 from rl.backends.megatron.convert import hf_to_megatron, megatron_to_hf
-from rl.backends.megatron.model import Layout
+from rl.backends.megatron.model import Layout, check_divisible
 
 LAYOUT_FILE = "layout.json"
 
@@ -21,9 +21,7 @@ def hf_to_megatron_checkpoint(hf_path: str, out_dir: str, tp: int, pp: int, ep: 
     from rl.backends.hf_model import load_causal_lm
 
     config = AutoConfig.from_pretrained(hf_path)
-    experts = getattr(config, "num_local_experts", 1)
-    if ep > 1 and experts % ep:
-        raise ValueError(f"--ep={ep} must divide the model's {experts} experts")
+    check_divisible(config, Layout(tp=tp, pp=pp, ep=ep))
     weights = load_causal_lm(hf_path, torch.device("cpu")).state_dict()
     if os.path.exists(out_dir):
         raise FileExistsError(f"{out_dir} already exists; conversions are never overwritten")

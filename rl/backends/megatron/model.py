@@ -51,6 +51,24 @@ def head_dim(hf_config) -> int:
     return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
 
 
+def check_divisible(hf_config, layout: Layout) -> None:
+    """The model's sizes against the layout, with the key to change (megatron-core only asserts)."""
+    key = "trainer.policy.megatron_config."
+    problems = []
+    for what, count in (("attention heads", hf_config.num_attention_heads),
+                        ("key/value heads", hf_config.num_key_value_heads)):
+        if count % layout.tp:
+            problems.append(f"{key}tensor_model_parallel_size={layout.tp} must divide the model's {count} {what}")
+    if hf_config.num_hidden_layers % layout.pp:
+        problems.append(f"{key}pipeline_model_parallel_size={layout.pp} must divide the model's "
+                        f"{hf_config.num_hidden_layers} layers")
+    experts = getattr(hf_config, "num_local_experts", None)
+    if layout.ep > 1 and (experts is None or experts % layout.ep):
+        problems.append(f"{key}expert_model_parallel_size={layout.ep} must divide the model's experts ({experts})")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 def transformer_config(hf_config, layout: Layout, sequence_parallel: bool = False,
                        recompute_granularity: str | None = None, extra: dict | None = None,
                        params_dtype: torch.dtype = torch.float32):
@@ -60,6 +78,7 @@ def transformer_config(hf_config, layout: Layout, sequence_parallel: bool = Fals
     if kind not in DENSE_TYPES + MOE_TYPES:
         raise ValueError(f"trainer.policy.model.path: model_type {kind!r} is not supported by the megatron backend "
                          f"(supported: {', '.join(DENSE_TYPES + MOE_TYPES)})")
+    check_divisible(hf_config, layout)
     kwargs = dict(
         num_layers=hf_config.num_hidden_layers, hidden_size=hf_config.hidden_size,
         num_attention_heads=hf_config.num_attention_heads, num_query_groups=hf_config.num_key_value_heads,

@@ -58,9 +58,9 @@ def check_megatron_layout(cfg: Config, problems: Problems) -> None:
     elif ep > 1 and world % (tp * ep * pp):
         problems.add(
             _MEGATRON + "expert_model_parallel_size",
-            f"with expert parallelism (expert tensor-parallel size = TP), TP {tp} * EP {ep} * PP {pp} = "
-            f"{tp * ep * pp} must divide the world size {world} ({_WORLD}); the expert data-parallel size "
-            "is world / (TP * EP * PP). Change EP, TP, PP or the placement",
+            f"with expert parallelism, TP {tp} * EP {ep} * PP {pp} = {tp * ep * pp} must divide the world size "
+            f"{world} ({_WORLD}): the expert data-parallel size is world / (ETP * EP * PP), where the expert "
+            "tensor-parallel size ETP equals TP. Change EP, TP, PP or the placement",
         )
     if mc.sequence_parallel and tp == 1:
         problems.add(

@@ -32,8 +32,12 @@ class MegatronConfig:
     """Knobs of the `megatron` strategy (megatron-core parallelism).
 
     Rule checked at load time, with world = policy_num_nodes * policy_num_gpus_per_node:
-    world % (TP * PP) == 0, dense data-parallel size = world / (TP * PP); with EP > 1 (expert tensor parallel size
-    equal to TP) also world % (TP * EP * PP) == 0, expert data-parallel size = world / (TP * EP * PP).
+    world % (TP * PP) == 0, dense data-parallel size = world / (TP * PP); with EP > 1 also
+    world % (TP * EP * PP) == 0, expert data-parallel size = world / (ETP * EP * PP) with the expert
+    tensor-parallel size ETP = TP (megatron-core's default, which the backend uses). Checked when the model is
+    built: TP divides the attention and key/value heads, PP the layers, EP the experts.
+    The trainer gives every worker its own micro-batches; the ranks of one TP x PP group run theirs together as
+    one packed batch, so each of the world / (TP * PP) groups is one data-parallel replica.
     """
 
     tensor_model_parallel_size: int
@@ -55,7 +59,8 @@ class MegatronConfig:
     """Extra keyword arguments passed as they are to megatron-core's `TransformerConfig`."""
 
     optimizer_cpu_offload: bool
-    """Keep the optimizer state in host memory and step on the CPU."""
+    """Keep the optimizer state in host memory and step on the CPU. On CPU training this is what happens anyway;
+    on GPU the megatron backend does not implement it yet and refuses `true`."""
 
 
 @dataclass(kw_only=True)

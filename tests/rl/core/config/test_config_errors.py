@@ -131,7 +131,7 @@ BAD = {
     "megatron_tp_pp_not_dividing_world": Bad(
         [*WORLD_4, "trainer.strategy=megatron", MEGATRON + "tensor_model_parallel_size=3"],
         MEGATRON + "tensor_model_parallel_size",
-        ("TP 3 * PP 1 = 3 must divide the world size 4",),
+        ("TP 3 * PP 1 = 3 must divide the world size 4", "dense data-parallel size is world / (TP * PP)"),
     ),
     "megatron_experts_not_dividing_world": Bad(
         [
@@ -141,7 +141,7 @@ BAD = {
             MEGATRON + "expert_model_parallel_size=4",
         ],
         MEGATRON + "expert_model_parallel_size",
-        ("TP 2 * EP 4 * PP 1 = 8 must divide the world size 4",),
+        ("TP 2 * EP 4 * PP 1 = 8 must divide the world size 4", "world / (ETP * EP * PP)", "ETP equals TP"),
     ),
     "megatron_sequence_parallel_without_tp": Bad(
         ["trainer.strategy=megatron", MEGATRON + "sequence_parallel=true"],
