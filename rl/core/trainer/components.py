@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -40,6 +41,14 @@ def make_engine(cfg, model_path: str, tokenizer):
     return build_engine(cfg.generator.backend, model_path, tokenizer)
 
 
+def backend_options(cfg, role: str) -> dict:
+    """The strategy's own block for one model: `megatron_config` (policy and reference share the layout) or
+    DeepSpeed's train/eval dict; the other strategies read only the common ModelSpec fields."""
+    if cfg.trainer.strategy == "megatron":
+        return dataclasses.asdict(cfg.trainer.policy.megatron_config)
+    return dict(cfg.deepspeed_config.train if role == "policy" else cfg.deepspeed_config.eval)
+
+
 def model_specs(cfg, model_path: str) -> tuple[ModelSpec, ModelSpec | None]:
     trainer, opt = cfg.trainer, cfg.trainer.policy.optimizer_config
     fsdp = trainer.policy.fsdp_config
@@ -48,7 +57,7 @@ def model_specs(cfg, model_path: str) -> tuple[ModelSpec, ModelSpec | None]:
         gradient_checkpointing=trainer.gradient_checkpointing, cpu_offload=fsdp.cpu_offload,
         reshard_after_forward=fsdp.reshard_after_forward, fsdp_size=fsdp.fsdp_size, lr=opt.lr,
         weight_decay=opt.weight_decay, betas=tuple(opt.betas), max_grad_norm=opt.max_grad_norm,
-        lr_warmup_steps=opt.lr_warmup_steps, backend_options=dict(cfg.deepspeed_config.train),
+        lr_warmup_steps=opt.lr_warmup_steps, backend_options=backend_options(cfg, "policy"),
         kernels=trainer.kernels,
     )
     if not trainer.algorithm.use_kl_loss:
@@ -56,7 +65,7 @@ def model_specs(cfg, model_path: str) -> tuple[ModelSpec, ModelSpec | None]:
     ref_fsdp = trainer.ref.fsdp_config
     ref = ModelSpec(path=model_path, role="ref", temperature=cfg.generator.temperature,
                     cpu_offload=ref_fsdp.cpu_offload, reshard_after_forward=ref_fsdp.reshard_after_forward,
-                    fsdp_size=ref_fsdp.fsdp_size, backend_options=dict(cfg.deepspeed_config.eval),
+                    fsdp_size=ref_fsdp.fsdp_size, backend_options=backend_options(cfg, "ref"),
                     kernels=trainer.kernels)
     return policy, ref
 

@@ -59,42 +59,58 @@ def _full_grads(backend, strategy: str) -> dict[str, torch.Tensor]:
             for name, p in backend.model.named_parameters()}
 
 
-def _worker(rank: int, world: int, port: int, strategy: str, options: dict, model_path: str, vocab: int,
-            out: str) -> None:
+def _one_step(info, strategy: str, options: dict, model_path: str, vocab: int) -> dict:
     from rl.backends.base import ModelSpec, build_backend
-    from rl.backends.dist import all_reduce_sum, init_distributed
+    from rl.backends.dist import all_reduce_sum
 
     torch.manual_seed(0)
-    torch.set_num_threads(1)
-    info = init_distributed(rank, world, "127.0.0.1", port)
     spec = ModelSpec(path=model_path, role="policy", temperature=1.0, lr=1e-2, max_grad_norm=1e9,
                      backend_options=options)
     backend = build_backend(strategy, spec, info)
-    batches, seqs = rank_batches(vocab, world)
-    batch = batches[rank]
+    batches, seqs = rank_batches(vocab, info.world_size)
+    batch = batches[info.rank]
     logprobs = backend.logprobs(batch, with_entropy=True)
     settings = LossSettings(use_kl_loss=False, entropy_loss_coef=0.01, use_entropy_loss=True)
     tokens = sum(int(s["loss_mask"].sum()) for s in seqs)
-    normalizer = LossNormalizer.from_counts("token_mean", tokens, len(seqs), dp_world_size=world)
+    normalizer = LossNormalizer.from_counts("token_mean", tokens, len(seqs), dp_world_size=info.world_size)
     metrics = backend.forward_backward(batch, settings, normalizer)
     names = sorted(metrics)
     summed = dict(zip(names, all_reduce_sum([metrics[n] for n in names], info.device), strict=True))
     norm = backend.clip_grad_norm()
     grads = _full_grads(backend, strategy)
-    everyone: list = [None] * world
+    everyone: list = [None] * info.world_size
     dist.all_gather_object(everyone, (logprobs[0], logprobs[1]))
+    if strategy == "megatron":  # the next layout builds its own parallel state
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()
+    return {"metrics": summed, "logprobs": torch.cat([e[0] for e in everyone]),
+            "entropy": torch.cat([e[1] for e in everyone]), "grads": grads, "grad_norm": norm}
+
+
+def _worker(rank: int, world: int, port: int, strategy: str, layouts: list[dict], model_path: str, vocab: int,
+            out: str) -> None:
+    from rl.backends.dist import init_distributed
+
+    torch.set_num_threads(1)
+    info = init_distributed(rank, world, "127.0.0.1", port)
+    results = [_one_step(info, strategy, options, model_path, vocab) for options in layouts]
     if rank == 0:
-        torch.save({"metrics": summed, "logprobs": torch.cat([e[0] for e in everyone]),
-                    "entropy": torch.cat([e[1] for e in everyone]), "grads": grads, "grad_norm": norm}, out)
+        torch.save(results, out)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def run_step(strategy: str, model_path: str, vocab: int, world: int = 2, options: dict | None = None) -> dict:
+def run_steps(strategy: str, model_path: str, vocab: int, world: int, layouts: list[dict]) -> list[dict]:
+    """One step per layout (megatron_config options), all in one group of `world` processes."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.pt")
-        mp.spawn(_worker, args=(world, free_port(), strategy, options or {}, model_path, vocab, out), nprocs=world)
+        mp.spawn(_worker, args=(world, free_port(), strategy, layouts, model_path, vocab, out), nprocs=world)
         return torch.load(out, weights_only=False)
+
+
+def run_step(strategy: str, model_path: str, vocab: int, world: int = 2, options: dict | None = None) -> dict:
+    return run_steps(strategy, model_path, vocab, world, [options or {}])[0]
 
 
 def _train_once(backend, batch, world: int) -> dict[str, float]:
@@ -106,38 +122,51 @@ def _train_once(backend, batch, world: int) -> dict[str, float]:
     return metrics
 
 
-def _state_worker(rank: int, world: int, port: int, options: dict, model_path: str, vocab: int, out: str) -> None:
-    """Train, checkpoint, train on; a fresh backend restored from the checkpoint must repeat the second step
-    exactly; rank 0 exports the trained weights for transformers."""
+def _state_round_trip(info, options: dict, model_path: str, vocab: int, directory: str) -> dict:
     from rl.backends.base import ModelSpec, build_backend
-    from rl.backends.dist import init_distributed
     from rl.backends.hf_model import save_hf_checkpoint
 
     torch.manual_seed(0)
-    torch.set_num_threads(1)
-    info = init_distributed(rank, world, "127.0.0.1", port)
+    world = info.world_size
     spec = ModelSpec(path=model_path, role="policy", temperature=1.0, lr=1e-2, backend_options=options)
-    batch = pack_sequences([s for s in sequences(vocab)[:4]])  # the same batch on both ranks
+    batch = pack_sequences(sequences(vocab)[:4])  # the same batch on every rank
     first = build_backend("megatron", spec, info)
     _train_once(first, batch, world)
-    first.save_checkpoint(os.path.join(os.path.dirname(out), "ckpt"))
+    first.save_checkpoint(os.path.join(directory, "ckpt"))
     expected = _train_once(first, batch, world)
     expected_state = first.full_state_dict()
     trained_logprobs = first.logprobs(batch)[0]
     second = build_backend("megatron", spec, info)
-    second.load_checkpoint(os.path.join(os.path.dirname(out), "ckpt"))
+    second.load_checkpoint(os.path.join(directory, "ckpt"))
     got = _train_once(second, batch, world)
     got_state = second.full_state_dict()
-    if rank == 0:
-        export = os.path.join(os.path.dirname(out), "export")
+    export = os.path.join(directory, "export")
+    if info.rank == 0:
         save_hf_checkpoint(model_path, dict(got_state), export)  # save_pretrained empties the dict it gets
-        torch.save({"expected": expected, "got": got, "expected_state": expected_state, "got_state": got_state,
-                    "export": export, "trained_logprobs": trained_logprobs, "batch": batch}, out)
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    return {"expected": expected, "got": got, "expected_state": expected_state, "got_state": got_state,
+            "export": export, "trained_logprobs": trained_logprobs, "batch": batch}
+
+
+def _state_worker(rank: int, world: int, port: int, layouts: list[dict], model_path: str, vocab: int,
+                  directory: str) -> None:
+    """Per layout: train, checkpoint, train on; a fresh backend restored from the checkpoint must repeat the
+    second step exactly; rank 0 exports the trained weights for transformers."""
+    from rl.backends.dist import init_distributed
+
+    torch.set_num_threads(1)
+    info = init_distributed(rank, world, "127.0.0.1", port)
+    results = [_state_round_trip(info, options, model_path, vocab, os.path.join(directory, str(i)))
+               for i, options in enumerate(layouts)]
+    if rank == 0:
+        torch.save(results, os.path.join(directory, "result.pt"))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def run_state_round_trip(model_path: str, vocab: int, options: dict, directory: str, world: int = 2) -> dict:
-    out = os.path.join(directory, "result.pt")
-    mp.spawn(_state_worker, args=(world, free_port(), options, model_path, vocab, out), nprocs=world)
-    return torch.load(out, weights_only=False)
+def run_state_round_trips(model_path: str, vocab: int, layouts: list[dict], directory: str, world: int = 2
+                          ) -> list[dict]:
+    mp.spawn(_state_worker, args=(world, free_port(), layouts, model_path, vocab, directory), nprocs=world)
+    return torch.load(os.path.join(directory, "result.pt"), weights_only=False)

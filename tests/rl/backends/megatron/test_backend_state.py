@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rl.backends.logits import token_logprobs
 from rl.core.packing import PackedBatch
-from tests.rl.backends.megatron.harness import run_state_round_trip
+from tests.rl.backends.megatron.harness import run_state_round_trips
 
 VOCAB = 61
 
@@ -26,10 +26,18 @@ def model_path(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("options", [{"pipeline_model_parallel_size": 2}, {"tensor_model_parallel_size": 2}],
-                         ids=["pp2", "tp2"])
-def test_checkpoint_restores_training_and_export_loads_in_transformers(model_path, tmp_path, options):
-    result = run_state_round_trip(model_path, VOCAB, options, str(tmp_path))
+LAYOUTS = {"pp2": {"pipeline_model_parallel_size": 2}, "tp2": {"tensor_model_parallel_size": 2}}
+
+
+@pytest.fixture(scope="module")
+def results(model_path, tmp_path_factory):
+    runs = run_state_round_trips(model_path, VOCAB, list(LAYOUTS.values()), str(tmp_path_factory.mktemp("runs")))
+    return dict(zip(LAYOUTS, runs, strict=True))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_checkpoint_restores_training_and_export_loads_in_transformers(model_path, results, layout):
+    result = results[layout]
     assert result["got"] == result["expected"]
     assert result["got_state"].keys() == result["expected_state"].keys()
     for name, tensor in result["expected_state"].items():

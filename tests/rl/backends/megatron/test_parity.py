@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rl.backends.logits import token_logprobs
-from tests.rl.backends.megatron.harness import run_step, sequences
+from tests.rl.backends.megatron.harness import run_step, run_steps, sequences
 
 VOCAB = 61  # odd: TP=2 pads the vocabulary to 62 and must mask the extra column
 
@@ -72,13 +72,22 @@ def test_single_rank_matches_transformers_and_fsdp2(qwen_path, qwen_reference):
     assert_same_step(qwen_reference, fsdp2)
 
 
-@pytest.mark.parametrize("options", [
-    {"tensor_model_parallel_size": 2},
-    {"pipeline_model_parallel_size": 2},
-    {"tensor_model_parallel_size": 2, "sequence_parallel": True},
-], ids=["tp2", "pp2", "tp2-sp"])
-def test_model_parallel_layouts_match_single_rank(qwen_path, qwen_reference, options):
-    assert_same_step(run_step("megatron", qwen_path, VOCAB, world=2, options=options), qwen_reference)
+LAYOUTS = {
+    "tp2": {"tensor_model_parallel_size": 2},
+    "pp2": {"pipeline_model_parallel_size": 2},
+    "tp2-sp": {"tensor_model_parallel_size": 2, "sequence_parallel": True},
+}
+
+
+@pytest.fixture(scope="module")
+def qwen_layouts(qwen_path):
+    """All 2-rank layouts in one process group (one start-up for the three)."""
+    return dict(zip(LAYOUTS, run_steps("megatron", qwen_path, VOCAB, 2, list(LAYOUTS.values())), strict=True))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_model_parallel_layouts_match_single_rank(qwen_layouts, qwen_reference, layout):
+    assert_same_step(qwen_layouts[layout], qwen_reference)
 
 
 def test_expert_parallel_moe_matches_single_rank_and_fsdp2(mixtral_path):
