@@ -152,6 +152,10 @@ class MegatronBackend(TrainingBackend):
         state = {"model": ckpt.model_state(self.model), "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict()}
         ckpt.save_distributed(path, self.layout, state)
+        if self.dist.is_main:  # lets `rl.launch.convert --direction=megatron_to_hf` read training checkpoints
+            from rl.backends.megatron.hf_io import write_layout
+
+            write_layout(path, self.layout, os.path.expanduser(self.spec.path))
 
     def load_checkpoint(self, path: str) -> None:
         state = ckpt.read_shard(path, self.layout)

@@ -31,9 +31,14 @@ def hf_to_megatron_checkpoint(hf_path: str, out_dir: str, tp: int, pp: int, ep: 
             for e in range(ep):
                 layout = Layout(tp=tp, pp=pp, ep=ep, tp_rank=t, pp_rank=p, ep_rank=e)
                 ckpt.write_shard(staging, layout, {"model": hf_to_megatron(weights, config, layout)})
-    with open(os.path.join(staging, LAYOUT_FILE), "w") as f:
-        json.dump({"tp": tp, "pp": pp, "ep": ep, "hf_path": os.path.abspath(hf_path)}, f)
+    write_layout(staging, Layout(tp=tp, pp=pp, ep=ep), hf_path)
     os.replace(staging, out_dir)
+
+
+def write_layout(directory: str, layout: Layout, hf_path: str) -> None:
+    """layout.json: the sizes the shards were cut for and the HF source (config, tokenizer) for converting back."""
+    with open(os.path.join(directory, LAYOUT_FILE), "w") as f:
+        json.dump({"tp": layout.tp, "pp": layout.pp, "ep": layout.ep, "hf_path": os.path.abspath(hf_path)}, f)
 
 
 def read_layout(megatron_dir: str) -> dict:

@@ -1,6 +1,8 @@
 """The megatron backend's checkpoint restores training exactly, and its Hugging Face export (gathered from TP/PP
 shards) loads in transformers with the trained weights."""
 
+import os
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -54,6 +56,12 @@ def test_checkpoint_restores_training_and_export_loads_in_transformers(model_pat
                                                              batch.prediction_targets()))
     # trained_logprobs: the first backend after its second step, whose weights the restored backend reproduced
     torch.testing.assert_close(exported[mask], result["trained_logprobs"][mask], rtol=0, atol=1e-5)
+    # the training checkpoint converts to HF too (weights after the first step)
+    from rl.backends.megatron.hf_io import megatron_checkpoint_to_hf
+
+    converted = os.path.join(os.path.dirname(result["export"]), "ckpt_hf")
+    megatron_checkpoint_to_hf(os.path.join(os.path.dirname(result["export"]), "ckpt"), converted)
+    assert AutoModelForCausalLM.from_pretrained(converted).config.vocab_size == VOCAB
     assert not torch.allclose(before[mask], exported[mask], atol=1e-4), "the export must hold trained weights"
 
 
