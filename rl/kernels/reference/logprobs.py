@@ -33,7 +33,7 @@ def _xlogx_safe(weights: Tensor, values: Tensor) -> Tensor:
 
 
 def check_logits(logits: Tensor, targets: Tensor) -> None:
-    if logits.dim() != 2 or targets.shape != logits.shape[:1]:
+    if logits.dim() != 2 or targets.shape != logits.shape[:1] or logits.shape[1] == 0:
         raise ValueError(f"logits must be [N, V] and targets [N], got {tuple(logits.shape)} and {tuple(targets.shape)}")
 
 
@@ -47,9 +47,10 @@ def logprobs_forward(logits: Tensor, targets: Tensor, temperature: float = 1.0, 
     step = vocab_block(n, v, block_size)
     for start in range(0, v, step):
         z = logits[:, start : start + step].float() / temperature
-        m_new = torch.maximum(m, z.max(-1).values) if z.shape[1] else m
+        m_new = torch.maximum(m, z.amax(-1))
         scale = _rescale(m, m_new)
-        e = torch.exp(z - m_new[:, None]) if n else z
+        # a row whose max is still -inf (all masked so far) shifts by 0: its exps are 0, not NaN
+        e = torch.exp(z - torch.where(torch.isfinite(m_new), m_new, 0.0)[:, None])
         s = s * scale + e.sum(-1)
         t = t * scale + _xlogx_safe(e, z).sum(-1)
         m = m_new
@@ -73,9 +74,8 @@ def logprobs_backward(logits, targets, temperature, lse, entropy, grad_logprob, 
         p = torch.exp(logp)
         g = -p * g_lp - _xlogx_safe(p, logp + entropy[:, None]) * g_h
         hit = (cols >= start) & (cols < start + z.shape[1])
-        local = (cols - start).clamp(0, max(z.shape[1] - 1, 0))
-        if z.shape[1]:
-            g.scatter_add_(1, local, torch.where(hit, g_lp, torch.zeros_like(g_lp)))
+        local = (cols - start).clamp(0, z.shape[1] - 1)
+        g.scatter_add_(1, local, torch.where(hit, g_lp, torch.zeros_like(g_lp)))
         grad[:, start : start + step] = (g / temperature).to(grad.dtype)
     return grad
 

@@ -47,13 +47,18 @@ def test_token_logprobs_entropy_matches_log_softmax(dtype, temperature):
 
 def test_logprobs_handle_masked_vocabulary():
     logits = torch.randn(4, 10)
-    logits[:, 3:6] = float("-inf")
-    targets = torch.tensor([0, 1, 2, 9])
+    logits[:, 0:6] = float("-inf")  # the first two vocabulary blocks are fully masked
+    logits.requires_grad_()
+    targets = torch.tensor([6, 7, 8, 9])
     lp, h = ref_ops.token_logprobs_entropy(logits, targets, block_size=3)
-    lp0, _ = eager_logprobs(logits, targets)
-    p = torch.softmax(logits, -1)
+    live = logits.detach()[:, 6:].clone().requires_grad_()  # oracle: the unmasked columns alone
+    lp0, h0 = eager_logprobs(live, targets - 6)
     torch.testing.assert_close(lp, lp0)
-    torch.testing.assert_close(h, -(p[:, p[0] > 0] * p[:, p[0] > 0].log()).sum(-1))
+    torch.testing.assert_close(h, h0)
+    (grad,) = torch.autograd.grad((lp + h).sum(), logits)
+    (grad0,) = torch.autograd.grad((lp0 + h0).sum(), live)
+    assert torch.equal(grad[:, :6], torch.zeros(4, 6))
+    torch.testing.assert_close(grad[:, 6:], grad0)
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))

@@ -115,3 +115,19 @@ def test_empty_batch():
     assert float(loss.detach()) == 0.0 and logits.grad.shape == (0, 37)
     lp, _ = tri.token_logprobs_entropy(b.logits, b.targets)
     assert lp.shape == (0,)
+
+
+def test_masked_vocabulary():
+    logits = torch.randn(4, 10)
+    logits[:, 0:6] = float("-inf")
+    logits.requires_grad_()
+    targets = torch.tensor([6, 7, 8, 9])
+    lp, ent = tri.token_logprobs_entropy(logits, targets)
+    live = logits.detach()[:, 6:].clone().requires_grad_()
+    lp0, ent0 = eager_logprobs(live, targets - 6)
+    torch.testing.assert_close(lp, lp0)
+    torch.testing.assert_close(ent, ent0)
+    (grad,) = torch.autograd.grad((lp + ent).sum(), logits)
+    (grad0,) = torch.autograd.grad((lp0 + ent0).sum(), live)
+    assert torch.equal(grad[:, :6], torch.zeros(4, 6))
+    torch.testing.assert_close(grad[:, 6:], grad0)
