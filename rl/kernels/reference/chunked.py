@@ -43,8 +43,11 @@ class _Workspace:
         self.b = torch.empty(rows, vocab, device=device)
 
 
-def _chunk_softmax(hidden_c: Tensor, weight: Tensor, targets_c: Tensor, temperature: float, ws: _Workspace):
-    """(log-softmax [C, V], softmax [C, V], logprob [C], entropy [C]) of one chunk, fp32, in the workspace."""
+def _chunk_softmax(
+    hidden_c: Tensor, weight: Tensor, targets_c: Tensor, temperature: float, ws: _Workspace, with_entropy: bool = True
+):
+    """(log-softmax [C, V], softmax [C, V], logprob [C], entropy [C] or zeros) of one chunk, fp32, in the
+    workspace; the entropy costs one more pass over the chunk, so it is skipped when nothing reads it."""
     rows = hidden_c.shape[0]
     logits, logp = ws.a[:rows], ws.b[:rows]
     if hidden_c.dtype == weight.dtype == torch.float32:
@@ -55,7 +58,7 @@ def _chunk_softmax(hidden_c: Tensor, weight: Tensor, targets_c: Tensor, temperat
         logits.div_(temperature)
     torch.ops.aten._log_softmax.out(logits, 1, False, out=logp)
     p = torch.exp(logp, out=logits)
-    entropy = -torch.linalg.vecdot(p, logp)
+    entropy = -torch.linalg.vecdot(p, logp) if with_entropy else logp.new_zeros(rows)
     return logp, p, logp.gather(1, targets_c.long()[:, None]).squeeze(1), entropy
 
 
@@ -125,7 +128,7 @@ def _slice_plan(plan: LossPlan, sl: slice) -> LossPlan:
 
 class _ChunkedLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, old, adv, ref, plan, temperature, chunk):
+    def forward(ctx, hidden, weight, targets, old, adv, ref, plan, temperature, chunk, with_entropy):
         want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
@@ -134,7 +137,7 @@ class _ChunkedLoss(torch.autograd.Function):
         ws = _Workspace(min(chunk, hidden.shape[0]), weight.shape[0], hidden.device)
         for start in range(0, hidden.shape[0], chunk):
             sl = slice(start, start + chunk)
-            logp, p, lp, entropy = _chunk_softmax(hidden[sl], weight, targets[sl], temperature, ws)
+            logp, p, lp, entropy = _chunk_softmax(hidden[sl], weight, targets[sl], temperature, ws, with_entropy)
             token_loss, g_lp, g_h, metrics = loss_terms(
                 _slice_plan(plan, sl), lp, entropy, old[sl], adv[sl], None if ref is None else ref[sl]
             )
@@ -156,7 +159,7 @@ class _ChunkedLoss(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.grads
         del ctx.grads
         scale = lambda g: None if g is None else g * grad_loss.to(g.dtype)  # noqa: E731
-        return scale(grad_hidden), scale(grad_weight), None, None, None, None, None, None, None
+        return scale(grad_hidden), scale(grad_weight), None, None, None, None, None, None, None, None
 
 
 def chunked_policy_loss(
@@ -174,15 +177,20 @@ def chunked_policy_loss(
     num_sequences: int | None = None,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    with_entropy: bool | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """(loss, metrics) of `compute_policy_loss` on the logprobs of softmax(hidden @ weight.T / T), flat [N] tokens,
-    without ever holding the [N, V] logits; differentiable w.r.t. hidden and weight."""
+    without ever holding the [N, V] logits; differentiable w.r.t. hidden and weight. The ``entropy`` metric is
+    computed when `with_entropy` (default: when trainer.algorithm.use_entropy_loss needs it)."""
     _check(hidden, weight, targets)
     if settings.use_kl_loss and ref_logprobs is None:
         raise ValueError("trainer.algorithm.use_kl_loss is on but no ref_logprobs were given")
     plan = plan_loss(settings, normalizer, loss_mask, seq_ids, num_sequences)
     chunk = token_chunk(hidden.shape[0], weight.shape[0], chunk_size)
-    loss, totals = _ChunkedLoss.apply(
-        hidden, weight, targets, old_logprobs, advantages, ref_logprobs, plan, float(temperature), chunk
+    with_entropy = (
+        settings.use_entropy_loss if with_entropy is None else bool(with_entropy or settings.use_entropy_loss)
     )
-    return loss, metrics_dict(plan, totals, ref_logprobs is not None)
+    loss, totals = _ChunkedLoss.apply(
+        hidden, weight, targets, old_logprobs, advantages, ref_logprobs, plan, float(temperature), chunk, with_entropy
+    )
+    return loss, metrics_dict(plan, totals, ref_logprobs is not None, has_entropy=with_entropy)

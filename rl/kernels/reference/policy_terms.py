@@ -181,7 +181,7 @@ def loss_terms(plan: LossPlan, logprob: Tensor, entropy: Tensor, old: Tensor, ad
 METRIC_NAMES = ("pg_loss", "kl", "entropy", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")
 
 
-def metrics_dict(plan: LossPlan, totals: Tensor, has_ref: bool) -> dict[str, Tensor]:
+def metrics_dict(plan: LossPlan, totals: Tensor, has_ref: bool, has_entropy: bool = True) -> dict[str, Tensor]:
     """Named metrics (the keys `compute_policy_loss` reports) from summed metric columns."""
     values = dict(zip(METRIC_NAMES, totals.detach().unbind(0), strict=True))
     out = {"pg_loss": values["pg_loss"]}
@@ -189,7 +189,8 @@ def metrics_dict(plan: LossPlan, totals: Tensor, has_ref: bool) -> dict[str, Ten
         out["kl"] = values["kl"]
         if plan.use_kl:
             out["kl_loss"] = values["kl"]
-    out["entropy"] = values["entropy"]
+    if has_entropy:
+        out["entropy"] = values["entropy"]
     out["pg_clipfrac"] = values["pg_clipfrac"]
     if plan.policy == POLICY_CODES["dual_clip"]:
         out["pg_clipfrac_lower"] = values["pg_clipfrac_lower"]

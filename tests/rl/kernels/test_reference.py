@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from rl.core.algorithms import compute_policy_loss
 from rl.kernels import reference as ref_ops
 from tests.rl.kernels.cases import LENGTHS, SETTINGS, eager_logprobs, oracle_loss, packed_batch
 
@@ -144,6 +145,7 @@ def test_chunked_loss_matches_compute_policy_loss(name):
         seq_ids=b.seq_ids,
         num_sequences=b.num_sequences,
         chunk_size=4,
+        with_entropy=True,
     )
     grads = torch.autograd.grad(2.0 * loss, (hidden, weight))
     lp0, h0 = eager_logprobs(hidden @ weight.T, b.targets)
@@ -169,3 +171,16 @@ def test_empty_batch_gives_zero_loss_and_empty_gradient():
     assert all(float(v) == 0.0 for v in metrics.values())
     lp, ent = ref_ops.token_logprobs_entropy(b.logits, b.targets)
     assert lp.shape == ent.shape == (0,)
+
+
+def test_chunked_loss_skips_the_entropy_metric_when_unused():
+    settings = SETTINGS["regular-token_mean"]
+    b = packed_batch(vocab=40)
+    hidden, weight = torch.randn(b.targets.numel(), 8), torch.randn(40, 8)
+    normalizer = settings.normalizer(b.mask, seq_ids=b.seq_ids, num_sequences=b.num_sequences)
+    _, metrics = ref_ops.chunked_policy_loss(
+        settings, hidden, weight, b.targets, b.old, b.adv, b.mask, normalizer, seq_ids=b.seq_ids
+    )
+    lp0, _ = eager_logprobs(hidden @ weight.T, b.targets)
+    _, metrics0 = compute_policy_loss(settings, lp0, b.old, b.adv, b.mask, normalizer, seq_ids=b.seq_ids)
+    assert set(metrics) == set(metrics0)
