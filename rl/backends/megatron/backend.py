@@ -17,7 +17,7 @@ from torch import Tensor
 from rl.backends.base import BACKENDS, TrainingBackend, _placeholder_batch
 from rl.backends.megatron import batches as B
 from rl.backends.megatron import checkpoint as ckpt
-from rl.backends.megatron.cpu_compat import enable
+from rl.backends.megatron.cpu_compat import cpu_compat
 from rl.backends.megatron.grads import clip_gradients, reduce_gradients
 from rl.backends.megatron.logprobs import vocab_parallel_logprobs
 from rl.backends.megatron.parallel import MegatronOptions, current_layout, init_parallel_state
@@ -28,6 +28,10 @@ from rl.core.packing import PackedBatch
 @BACKENDS.register("megatron")
 class MegatronBackend(TrainingBackend):
     def build(self) -> None:
+        with cpu_compat(self.dist.device):  # megatron-core runs only inside this scope (and _schedule's) on CPU
+            self._build()
+
+    def _build(self) -> None:
         from transformers import AutoConfig
 
         from rl.backends.hf_model import load_causal_lm
@@ -38,7 +42,6 @@ class MegatronBackend(TrainingBackend):
         if self.options.optimizer_cpu_offload and self.dist.device.type == "cuda":
             raise NotImplementedError("trainer.policy.megatron_config.optimizer_cpu_offload=true is not implemented "
                                       "by the megatron backend on GPU yet; set it to false")
-        self._compat = enable(self.dist.device)  # held for the backend's lifetime; a no-op on GPU
         init_parallel_state(self.options, self.dist.world_size)
         self.layout = current_layout()
         self.hf_config = AutoConfig.from_pretrained(os.path.expanduser(self.spec.path))
@@ -86,15 +89,10 @@ class MegatronBackend(TrainingBackend):
         def forward_step(_data_iterator, model):
             return model(ids, pos, None, packed_seq_params=params), loss_func
 
-        with self._compat_scope():
+        with cpu_compat(self.dist.device):
             return get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=iter([None]), model=[self.model], num_microbatches=1,
                 seq_length=ids.shape[1], micro_batch_size=1, forward_only=forward_only)
-
-    def _compat_scope(self):
-        from rl.backends.megatron.cpu_compat import cpu_compat
-
-        return cpu_compat(self.dist.device)
 
     @torch.no_grad()
     def logprobs(self, batch: PackedBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:

@@ -274,10 +274,3 @@ def cpu_compat(device: torch.device | str):
             _depth -= 1
             if _depth == 0:
                 _restore()
-
-
-def enable(device: torch.device | str) -> contextlib.ExitStack:
-    """Applies the patches until the returned stack is closed: for an object (a backend) that outlives one call."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(cpu_compat(device))
-    return stack

@@ -1,5 +1,6 @@
-"""Parity suite: one training step of the megatron backend under TP=2, PP=2, SP and EP=2 (2 gloo processes) gives
-the loss, logprobs and gradients of TP=PP=EP=1 (one process), of the fsdp2 backend, and of transformers."""
+"""Parity suite: one training step of the megatron backend under TP=2, PP=2, SP, full recompute, DP=2 and EP=2
+(2 gloo processes) gives the loss, logprobs, entropy, gradients and grad norm of TP=PP=EP=1 (one process), of the
+fsdp2 backend (2 processes), and per-token logprobs of transformers run on each sequence alone."""
 
 import pytest
 import torch
@@ -76,12 +77,14 @@ LAYOUTS = {
     "tp2": {"tensor_model_parallel_size": 2},
     "pp2": {"pipeline_model_parallel_size": 2},
     "tp2-sp": {"tensor_model_parallel_size": 2, "sequence_parallel": True},
+    "tp2-recompute": {"tensor_model_parallel_size": 2, "recompute_granularity": "full"},
+    "dp2": {},
 }
 
 
 @pytest.fixture(scope="module")
 def qwen_layouts(qwen_path):
-    """All 2-rank layouts in one process group (one start-up for the three)."""
+    """All 2-rank layouts in one process group (one start-up for all of them)."""
     return dict(zip(LAYOUTS, run_steps("megatron", qwen_path, VOCAB, 2, list(LAYOUTS.values())), strict=True))
 
 
