@@ -15,16 +15,17 @@ module attributes for the time it is active and restores them on exit (megatron-
    tracker (`model_parallel_cuda_manual_seed`, `get_cuda_rng_tracker().fork()`) keeps its named streams on the CPU.
 3. `LanguageModule.setup_embeddings_and_output_layer`: with tied embeddings and PP > 1 it moves the output weight
    with `Tensor.cuda()` before syncing it across the embedding group; the replacement does the same sync on the CPU.
-
 4. `transformer.moe.token_dispatcher.maybe_move_tensor_to_cpu`: returns the all-to-all split sizes as numpy only for
    CUDA tensors; on the CPU they stayed tensors, which `torch.distributed.all_to_all_single` rejects. The
    replacement converts CPU tensors too when numpy is asked for.
 5. `transformer.moe.moe_utils.te_general_gemm = None` when Transformer Engine is absent (on any device): 0.16.1
    imports it only with TE but tests it unguarded in the MoE router's gating linear (a NameError without TE).
 
-Not patched (the backend avoids them on CPU): megatron's optimizers (`optimizer/clip_grads.py` asserts
-`torch.cuda.FloatTensor` grads; `DistributedOptimizer` requires CUDA parameters) and its DDP wrapper. On CPU the
-backend steps a torch AdamW over each rank's shards and computes the grad norm across TP/PP/EP itself.
+Not patched (the backend avoids them, on CPU and for now on GPU too): megatron's optimizers (`optimizer/clip_grads.py`
+asserts `torch.cuda.FloatTensor` grads; `DistributedOptimizer` requires CUDA parameters) and its DDP wrapper. The
+backend steps a torch AdamW over each rank's shards and reduces and clips gradients across TP/PP/EP itself (grads.py).
+Not patches but layer-spec choices, made on every device: THD core attention (attention.py; the local
+`DotProductAttention` rejects packed sequences) and an RMSNorm that allows sequence parallelism (norm.py).
 The layer checks the installed megatron-core version equals PINNED_VERSION (the lock's pin) before patching.
 """
 
