@@ -136,6 +136,27 @@ def mark_tensor_parallel(model) -> None:
             tp.set_tensor_model_parallel_attributes(weight, True, dim, 1)
 
 
+def match_padding_idx(model, pad_token_id: int | None) -> None:
+    """Hugging Face embeddings use `padding_idx = pad_token_id`: lookups of the pad token give its row no gradient
+    (the tied output layer still does). Zeroing the embedding output's gradient at pad positions does the same."""
+    embedding = getattr(getattr(model, "embedding", None), "word_embeddings", None)
+    if embedding is None or pad_token_id is None:
+        return
+
+    def hook(_module, inputs, output):
+        if not output.requires_grad:
+            return
+        keep = (inputs[0] != pad_token_id).to(output.dtype)  # [b, s]
+        if output.shape[:2] != keep.shape:  # sequence parallel: output is this TP rank's [s / TP, b, h] slice
+            from megatron.core import parallel_state as ps
+
+            keep = keep.t().chunk(ps.get_tensor_model_parallel_world_size())[ps.get_tensor_model_parallel_rank()]
+        keep = keep.unsqueeze(-1)
+        output.register_hook(lambda grad: grad * keep)
+
+    embedding.register_forward_hook(hook)
+
+
 def build_gpt_model(hf_config, config, layout: Layout, pre_process: bool, post_process: bool):
     from megatron.core.models.gpt import GPTModel
 
@@ -147,4 +168,5 @@ def build_gpt_model(hf_config, config, layout: Layout, pre_process: bool, post_p
         position_embedding_type="rope", rotary_base=rope_theta(hf_config),
     )
     mark_tensor_parallel(model)
+    match_padding_idx(model, getattr(hf_config, "pad_token_id", None))
     return model

@@ -21,7 +21,7 @@ def _save(model, path) -> str:
 def qwen_path(tmp_path_factory):
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=0,
                          max_position_embeddings=64)
     return _save(Qwen2ForCausalLM(config), tmp_path_factory.mktemp("qwen2"))
 
@@ -31,7 +31,8 @@ def mixtral_path(tmp_path_factory):
     torch.manual_seed(0)
     config = MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
-                           num_experts_per_tok=2, tie_word_embeddings=False, max_position_embeddings=64)
+                           num_experts_per_tok=2, tie_word_embeddings=False, max_position_embeddings=64,
+                           pad_token_id=0)
     return _save(MixtralForCausalLM(config), tmp_path_factory.mktemp("mixtral"))
 
 
