@@ -38,8 +38,19 @@ def save_hf_checkpoint(model_path: str, state_dict: dict[str, Tensor], output_di
         skeleton = AutoModelForCausalLM.from_config(config)
     staging = output_dir.rstrip("/") + ".partial"
     os.makedirs(staging, exist_ok=True)
-    skeleton.save_pretrained(staging, state_dict=state_dict, safe_serialization=True)
+    skeleton.save_pretrained(staging, state_dict=without_tied_copy(skeleton, state_dict), safe_serialization=True)
     AutoTokenizer.from_pretrained(model_path).save_pretrained(staging)
     if os.path.isdir(output_dir):
         raise FileExistsError(f"{output_dir} already exists; exports are never overwritten")
     os.replace(staging, output_dir)
+
+
+def without_tied_copy(skeleton: nn.Module, state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """`state_dict` less the output embedding when the config ties it to the input embedding, as in the HF
+    checkpoints `save_pretrained` writes itself; a gathered state dict may hold it as a separate copy, and every
+    strategy's export must name the same tensors."""
+    if not getattr(skeleton.config, "tie_word_embeddings", False):
+        return state_dict
+    output = skeleton.get_output_embeddings()
+    tied = next((f"{name}.weight" for name, module in skeleton.named_modules() if module is output), None)
+    return {name: tensor for name, tensor in state_dict.items() if name != tied}

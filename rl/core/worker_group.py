@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-# Unix socket paths under Ray's temp dir must stay short (~107 bytes); longer run dirs get a linked temp dir.
-_MAX_RAY_DIR = 48
+# Unix socket paths must stay under 108 bytes, and Ray appends up to ~64 characters to its temp dir
+# (`/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store`); longer run dirs get a linked short temp dir.
+_MAX_RAY_DIR = 40
 
 
 def _ray_temp_dir(run_dir: str) -> str:
