@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from rl.backends.dist import DistInfo
 from rl.backends.hf_forward import batch_logprobs
+from rl.backends.host_optimizer import HostAdamW
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
 from rl.core.packing import PackedBatch
 from rl.core.registry import Registry
@@ -85,7 +86,8 @@ class TrainingBackend(abc.ABC):
         if self.dist.device.type == "cpu":
             return
         self.model.to(device)
-        for state in (self.optimizer.state.values() if self.optimizer else ()):
+        on_host = getattr(self.optimizer, "keeps_state_on_host", False)
+        for state in (self.optimizer.state.values() if self.optimizer and not on_host else ()):
             for key, value in state.items():
                 if isinstance(value, Tensor):
                     state[key] = value.to(device, non_blocking=True)
@@ -93,9 +95,11 @@ class TrainingBackend(abc.ABC):
             torch.cuda.empty_cache()
 
     # --- shared by every strategy ---------------------------------------------------------------------------
-    def make_optimizer(self, params) -> None:
+    def make_optimizer(self, params, on_host: bool = False) -> None:
+        """AdamW with the LR warm-up schedule; `on_host` keeps its masters and state in host memory."""
         spec = self.spec
-        self.optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay)
+        optimizer_class = HostAdamW if on_host else torch.optim.AdamW
+        self.optimizer = optimizer_class(params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay)
         warmup = max(spec.lr_warmup_steps, 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0

@@ -2,8 +2,9 @@
 
 Every call runs megatron's forward-backward schedule (1F1B with PP > 1) over the model-parallel group's tokens as
 one micro-batch; logprobs come from the vocab-parallel logits; the loss is `rl.core.algorithms.compute_policy_loss`.
-Optimizer: a torch AdamW over each rank's shards (the base class's), after `grads.reduce_gradients` and a global
-grad norm (`grads.clip_gradients`); megatron's own optimizers need CUDA (see cpu_compat.py).
+Optimizer: a torch AdamW over each rank's shards (the base class's; with `optimizer_cpu_offload` its masters and
+state stay in host memory, `rl.backends.host_optimizer`), after `grads.reduce_gradients` and a global grad norm
+(`grads.clip_gradients`); megatron's own optimizers need CUDA (see cpu_compat.py).
 """
 
 from __future__ import annotations
@@ -39,9 +40,6 @@ class MegatronBackend(TrainingBackend):
         from rl.backends.megatron.model import build_gpt_model, transformer_config
 
         self.options = MegatronOptions.from_dict(self.spec.backend_options)
-        if self.options.optimizer_cpu_offload and self.dist.device.type == "cuda":
-            raise NotImplementedError("trainer.policy.megatron_config.optimizer_cpu_offload=true is not implemented "
-                                      "by the megatron backend on GPU yet; set it to false")
         init_parallel_state(self.options, self.dist.world_size)
         self.layout = current_layout()
         self.hf_config = AutoConfig.from_pretrained(os.path.expanduser(self.spec.path))
@@ -59,7 +57,7 @@ class MegatronBackend(TrainingBackend):
         del weights
         self.model.to(self.dist.device)
         if self.trainable:
-            self.make_optimizer(self.model.parameters())
+            self.make_optimizer(self.model.parameters(), on_host=self.options.optimizer_cpu_offload)
         else:
             self.model.requires_grad_(False)
 
@@ -161,6 +159,8 @@ class MegatronBackend(TrainingBackend):
         if "optimizer" in state and self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
+        elif hasattr(self.optimizer, "resync_masters"):  # weights only: host masters follow the loaded weights
+            self.optimizer.resync_masters()
 
     def full_state_dict(self) -> dict[str, Tensor]:
         from rl.backends.megatron.convert import megatron_to_hf

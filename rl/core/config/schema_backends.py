@@ -59,8 +59,8 @@ class MegatronConfig:
     """Extra keyword arguments passed as they are to megatron-core's `TransformerConfig`."""
 
     optimizer_cpu_offload: bool
-    """Keep the optimizer state in host memory and step on the CPU. On CPU training this is what happens anyway;
-    on GPU the megatron backend does not implement it yet and refuses `true`."""
+    """Keep fp32 master weights and the AdamW moments in host memory and run the update on the CPU; the device
+    holds only weights and gradients (a host round trip per optimizer step). Same numbers as without it."""
 
 
 @dataclass(kw_only=True)

@@ -28,7 +28,11 @@ def model_path(tmp_path_factory):
     return path
 
 
-LAYOUTS = {"pp2": {"pipeline_model_parallel_size": 2}, "tp2": {"tensor_model_parallel_size": 2}}
+LAYOUTS = {
+    "pp2": {"pipeline_model_parallel_size": 2},
+    "tp2": {"tensor_model_parallel_size": 2},
+    "tp2-optimizer-offload": {"tensor_model_parallel_size": 2, "optimizer_cpu_offload": True},
+}
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +73,11 @@ def _per_sequence_logits(model, batch: PackedBatch) -> torch.Tensor:
     """Each sequence alone through transformers (no packing involved in the oracle)."""
     return torch.cat([model(input_ids=batch.select([i]).input_ids[None]).logits[0]
                       for i in range(batch.num_sequences)])
+
+
+def test_optimizer_cpu_offload_trains_like_the_device_optimizer(results):
+    """Host masters and moments (optimizer_cpu_offload) take the same two steps as the plain AdamW."""
+    offloaded, plain = results["tp2-optimizer-offload"], results["tp2"]
+    torch.testing.assert_close(offloaded["trained_logprobs"], plain["trained_logprobs"], rtol=0, atol=1e-6)
+    for name, tensor in plain["expected_state"].items():
+        torch.testing.assert_close(offloaded["expected_state"][name], tensor, rtol=0, atol=1e-6, msg=name)
