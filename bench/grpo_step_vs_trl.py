@@ -152,7 +152,9 @@ def run_ours(args: argparse.Namespace, model_path: str, train_path: str, workdir
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [{"step_s": r["step_time_s"], "tokens": r["tokens_per_s"] * r["step_time_s"],
-             "generate_s": r["generate_time_s"]} for r in rows if r["step"] > 1]
+             "generate_s": r["generate_time_s"],
+             "parts": {part: r[f"{part}_time_s"] for part in ("logprobs", "update", "sync") if f"{part}_time_s" in r}}
+            for r in rows if r["step"] > 1]
 
 
 # --- TRL ------------------------------------------------------------------------------------------------------------
@@ -254,6 +256,11 @@ def run_trl(args: argparse.Namespace, model_path: str, rows: list[dict], workdir
 
 
 # --- report ---------------------------------------------------------------------------------------------------------
+def _parts(step: dict) -> str:
+    """Ours' step breakdown after generation (reference/old logprobs, update, weight sync), when reported."""
+    return "".join(f", {value:.2f} {part}" for part, value in step.get("parts", {}).items())
+
+
 def summarize(steps: list[dict]) -> dict[str, float]:
     step_s = median([s["step_s"] for s in steps])
     return {"steps": len(steps), "step_s": step_s, "generate_s": median([s["generate_s"] for s in steps]),
@@ -309,7 +316,8 @@ def run_scenario(args: argparse.Namespace, name: str, workdir: str) -> str:
             else:
                 steps = run_ours(args, model_path, train_path, workdir, packed=side == "ours")
             results[side].extend(steps)
-            shown = ", ".join(f"{s['step_s']:.2f} s ({s['generate_s']:.2f} gen)/{s['tokens']:.0f} tok" for s in steps)
+            shown = ", ".join(f"{s['step_s']:.2f} s ({s['generate_s']:.2f} gen{_parts(s)})/{s['tokens']:.0f} tok"
+                              for s in steps)
             print(f"{name} round {round_index + 1} {side}: {shown} (run {time.perf_counter() - started:.0f} s)",
                   flush=True)
     return report(args, name, shape, results)

@@ -125,7 +125,7 @@ def _policy_term(settings: LossSettings, logprobs, old_logprobs, advantages, los
 def compute_policy_loss(
     settings: LossSettings,
     logprobs: Tensor,
-    old_logprobs: Tensor,
+    old_logprobs: Tensor | None,
     advantages: Tensor,
     loss_mask: Tensor,
     normalizer: LossNormalizer,
@@ -143,7 +143,13 @@ def compute_policy_loss(
     mini-batch value: sum them over micro-batches and (all-reduce SUM) over DP ranks. ``pg_loss``, ``kl_loss``,
     ``kl`` (with ref_logprobs) and ``entropy`` (with entropy) use the loss reduction; ``pg_clipfrac``,
     ``pg_clipfrac_lower`` and ``ppo_kl`` are token means.
+
+    ``old_logprobs=None`` means on-policy: the weights being trained are the ones that were just evaluated for
+    this batch (one optimizer step per rollout batch), so the old logprobs are ``logprobs.detach()`` and the ratio
+    is exactly 1, which saves the separate old-logprob forward pass.
     """
+    if old_logprobs is None:
+        old_logprobs = logprobs.detach()
     _check_inputs(
         settings,
         normalizer,

@@ -16,7 +16,7 @@ from rl.core.trainer import checkpoint, components
 from rl.core.trainer.experience import build_experience, score
 from rl.core.trainer.faults import crash_point
 from rl.core.trainer.metrics import MetricsLogger
-from rl.core.trainer.policy_update import compute_logprobs, micro_batching, update_policy
+from rl.core.trainer.policy_update import compute_logprobs, is_on_policy, micro_batching, update_policy
 from rl.core.trainer.sources import resolve_sources
 
 
@@ -81,14 +81,20 @@ class Trainer:
         algo = cfg.trainer.algorithm
         experience = build_experience(rollouts, rewards, algo.advantage_estimator, algo.grpo_norm_by_std,
                                       algo.gamma, algo.lambd)
-        compute_logprobs(self.group, self.forward_batching, experience, has_ref=algo.use_kl_loss)
+        on_policy = is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size)
+        scored = time.perf_counter()
+        compute_logprobs(self.group, self.forward_batching, experience, has_ref=algo.use_kl_loss, on_policy=on_policy)
+        forwarded = time.perf_counter()
         mini = cfg.trainer.policy_mini_batch_size * cfg.generator.n_samples_per_prompt
         row = update_policy(self.group, self.train_batching, self.settings, experience, mini)
+        updated = time.perf_counter()
         self.sync_weights()
-        elapsed = time.perf_counter() - started
+        finished = time.perf_counter()
+        elapsed = finished - started
         tokens = sum(len(seq["input_ids"]) for seq in experience.sequences)
         row.update(step=step, reward_mean=float(rewards.mean()), step_time_s=elapsed, tokens_per_s=tokens / elapsed,
-                   generate_time_s=generated - started,
+                   generate_time_s=generated - started, logprobs_time_s=forwarded - scored,
+                   update_time_s=updated - forwarded, sync_time_s=finished - updated,
                    response_length_mean=float(experience.response_lengths.float().mean()))
         return row
 

@@ -16,13 +16,24 @@ def micro_batching(cfg, dp_size: int, pad_token_id: int, train: bool) -> MicroBa
                          dp_size=dp_size, pad_token_id=pad_token_id)
 
 
-def compute_logprobs(group: WorkerGroup, batching: MicroBatching, experience: Experience, has_ref: bool) -> None:
-    """Adds old_logprobs (policy before the update) and, with a reference model, ref_logprobs to every sequence."""
+def compute_logprobs(group: WorkerGroup, batching: MicroBatching, experience: Experience, has_ref: bool,
+                     on_policy: bool = False) -> None:
+    """Adds old_logprobs (policy before the update) and, with a reference model, ref_logprobs to every sequence.
+
+    `on_policy` (one optimizer step per rollout batch): the policy's pass is skipped, since its logprobs are the
+    ones the training forward computes before the only update; the loss then takes them detached as the old ones.
+    """
     batches = batching.split(experience.sequences)
-    models = ("policy", "ref") if has_ref else ("policy",)
-    for model, field in zip(models, ("old_logprobs", "ref_logprobs"), strict=False):
+    passes = [("policy", "old_logprobs")] if not on_policy else []
+    passes += [("ref", "ref_logprobs")] if has_ref else []
+    for model, field in passes:
         results = group.call_per_rank("logprobs", batches, model)
         attach(experience.sequences, field, gather(batches, results, len(experience.sequences)))
+
+
+def is_on_policy(train_batch_size: int, policy_mini_batch_size: int) -> bool:
+    """Whether each rollout batch gets exactly one optimizer step (a single mini-batch)."""
+    return policy_mini_batch_size >= train_batch_size
 
 
 def normalizer(settings: LossSettings, sequences: list[dict], dp_size: int) -> LossNormalizer:

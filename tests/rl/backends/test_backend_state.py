@@ -88,3 +88,26 @@ def test_checkpoint_round_trip_restores_training_exactly(model_path, tmp_path, s
     assert got == expected
     for name, tensor in second.full_state_dict().items():
         torch.testing.assert_close(tensor, expected_state[name], rtol=0, atol=0)
+
+
+def test_on_policy_step_without_old_logprobs_equals_the_recomputed_one(model_path):
+    """One optimizer step per rollout batch: the loss may take the training forward's own logprobs (detached) as the
+    old ones, which is what the trainer does instead of a separate old-logprob pass. Oracle: the same step with the
+    old logprobs recomputed by `logprobs()`, as the trainer does when a rollout batch has several mini-batches."""
+    settings = LossSettings(use_kl_loss=False)
+    results = {}
+    for name in ("recomputed", "on_policy"):
+        backend = _backend(model_path, "fsdp2")
+        batch = _batch()
+        old = backend.logprobs(batch)[0] if name == "recomputed" else None
+        normalizer = LossNormalizer.from_counts("token_mean", int(batch.loss_mask.sum()), 3)
+        metrics = backend.forward_backward(batch.replace(old_logprobs=old), settings, normalizer)
+        metrics.update(backend.optimizer_step())
+        results[name] = (metrics, backend.full_state_dict())
+    (want, want_state), (got, got_state) = results["recomputed"], results["on_policy"]
+    assert want["grad_norm"] > 0 and want.keys() == got.keys()
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    assert got["pg_clipfrac"] == 0.0
+    for name, tensor in want_state.items():
+        torch.testing.assert_close(got_state[name], tensor, rtol=0, atol=1e-6, msg=name)

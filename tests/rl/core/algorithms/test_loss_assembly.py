@@ -39,6 +39,22 @@ def test_hand_computed_assembly():
     torch.testing.assert_close(metrics["pg_clipfrac"], torch.tensor(0.0, dtype=F64))
 
 
+@pytest.mark.parametrize("policy_loss_type", ["regular", "dual_clip"])
+def test_on_policy_old_logprobs_none_is_the_plain_policy_gradient(policy_loss_type):
+    # old_logprobs=None: ratio exp(logp - logp.detach()) = 1, so per token pg = -A and d pg / d logp = -A.
+    # A = [2, -1, 0.5] with the last token masked: token_mean over 2 tokens -> loss -(2 - 1) / 2 = -0.5,
+    # grad wrt logp = [-2, 1, 0] / 2; nothing clipped.
+    settings = LossSettings(use_kl_loss=False, policy_loss_type=policy_loss_type)
+    logp = torch.tensor([[-0.3, -1.2, -2.0]], dtype=F64, requires_grad=True)
+    mask = torch.tensor([[True, True, False]])
+    loss, metrics = compute_policy_loss(settings, logp, None, torch.tensor([[2.0, -1.0, 0.5]], dtype=F64), mask,
+                                        settings.normalizer(mask))
+    loss.backward()
+    torch.testing.assert_close(loss.detach(), torch.tensor(-0.5, dtype=F64))
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1.0, 0.5, 0.0]], dtype=F64))
+    assert float(metrics["pg_clipfrac"]) == 0.0
+
+
 def test_settings_from_config_reads_names():
     algorithm = SimpleNamespace(
         policy_loss_type="gspo",
