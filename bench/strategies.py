@@ -101,20 +101,11 @@ class Job:
 
 def make_job(directory: str, args: argparse.Namespace) -> Job:
     """The embedded tokenizer, a random `--model_size` Llama and the synthetic task, written under `directory`."""
-    from rl.core.embedded import (
-        build_model,
-        build_tokenizer,
-        save_pretrained_model,
-        tiny_model_config,
-        write_task_dataset,
-    )
+    from rl.core.embedded import write_untrained_job
 
-    tokenizer = build_tokenizer()
-    model = build_model(tiny_model_config(tokenizer, args.model_size), args.seed)
-    model_path = save_pretrained_model(model, tokenizer, os.path.join(directory, "model"))
     rows = max(64, args.prompts_per_step * args.steps)
-    train, val = write_task_dataset(os.path.join(directory, "data"), rows, 8, args.seed)
-    return Job(model_path=str(model_path), train_data=str(train), val_data=str(val))
+    job = write_untrained_job(directory, args.seed, n_train=rows, model_size=args.model_size)
+    return Job(model_path=str(job.model_path), train_data=str(job.train_data), val_data=str(job.val_data))
 
 
 def overrides_for(args: argparse.Namespace, job: Job, strategy: str) -> list[str]:

@@ -86,7 +86,7 @@ class TrainingBackend(abc.ABC):
         if self.dist.device.type == "cpu":
             return
         self.model.to(device)
-        on_host = getattr(self.optimizer, "keeps_state_on_host", False)
+        on_host = isinstance(self.optimizer, HostAdamW)  # its state stays in host memory by design
         for state in (self.optimizer.state.values() if self.optimizer and not on_host else ()):
             for key, value in state.items():
                 if isinstance(value, Tensor):

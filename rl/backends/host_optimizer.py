@@ -18,8 +18,6 @@ HOST = torch.device("cpu")
 class HostAdamW(torch.optim.AdamW):
     """`torch.optim.AdamW` over host fp32 masters of `params`; `step` writes the result into `params`."""
 
-    keeps_state_on_host = True  # TrainingBackend.offload/reload leave the state where it is
-
     def __init__(self, params, **adamw_kwargs):
         self.device_params: list[nn.Parameter] = [p for p in params if p.requires_grad]
         pin = torch.cuda.is_available() and any(p.is_cuda for p in self.device_params)

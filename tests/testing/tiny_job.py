@@ -37,16 +37,10 @@ class TinyJob:
 
 
 def make_tiny_job(directory: str, seed: int = 0) -> TinyJob:
-    from rl.core.embedded.model import build_model, save_pretrained_model, tiny_model_config
-    from rl.core.embedded.task import write_task_dataset
-    from rl.core.embedded.tokenizer import build_tokenizer
+    from rl.core.embedded import write_untrained_job
 
-    tokenizer = build_tokenizer()
-    model = build_model(tiny_model_config(tokenizer), seed)
-    model_path = os.path.join(directory, "model")
-    save_pretrained_model(model, tokenizer, model_path)
-    train, val = write_task_dataset(os.path.join(directory, "data"), 64, 8, seed)
-    return TinyJob(model_path=model_path, train_data=str(train), val_data=str(val))
+    job = write_untrained_job(directory, seed)
+    return TinyJob(model_path=str(job.model_path), train_data=str(job.train_data), val_data=str(job.val_data))
 
 
 def run_train(run_dir: str, overrides: list[str], timeout: int = 600, env_extra: dict | None = None,

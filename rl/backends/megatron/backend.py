@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rl.backends.base import BACKENDS, TrainingBackend, _placeholder_batch
+from rl.backends.host_optimizer import HostAdamW
 from rl.backends.megatron import batches as B
 from rl.backends.megatron import checkpoint as ckpt
 from rl.backends.megatron.cpu_compat import cpu_compat
@@ -159,7 +160,7 @@ class MegatronBackend(TrainingBackend):
         if "optimizer" in state and self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
-        elif hasattr(self.optimizer, "resync_masters"):  # weights only: host masters follow the loaded weights
+        elif isinstance(self.optimizer, HostAdamW):  # weights only: host masters follow the loaded weights
             self.optimizer.resync_masters()
 
     def full_state_dict(self) -> dict[str, Tensor]:

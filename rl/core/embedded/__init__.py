@@ -2,7 +2,7 @@
 arithmetic task in GSM8K's answer format, and a short supervised warm-up, so training runs with no downloads."""
 
 from rl.core.embedded.model import build_model, save_pretrained_model, tiny_model_config
-from rl.core.embedded.prepare import EmbeddedDefault, Recipe, prepare_embedded_default
+from rl.core.embedded.prepare import EmbeddedDefault, Recipe, prepare_embedded_default, write_untrained_job
 from rl.core.embedded.task import DATA_SOURCE, TaskSpec, make_task_rows, write_task_dataset
 from rl.core.embedded.tokenizer import build_tokenizer
 from rl.core.embedded.warmup import careless_demonstrations, greedy_accuracy, sft_warmup
@@ -22,4 +22,5 @@ __all__ = [
     "sft_warmup",
     "tiny_model_config",
     "write_task_dataset",
+    "write_untrained_job",
 ]

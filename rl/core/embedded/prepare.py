@@ -77,6 +77,19 @@ def prepare_embedded_default(
     return EmbeddedDefault(model_path=model_dir, train_data=train_path, val_data=val_path, metrics=metrics)
 
 
+def write_untrained_job(
+    workdir: str | Path, seed: int, n_train: int = 64, n_val: int = 8, model_size: str = "tiny"
+) -> EmbeddedDefault:
+    """The embedded tokenizer, a randomly initialised `model_size` model and the task data, without the warm-up:
+    the job tests and benchmarks train from scratch for a few steps."""
+    root = Path(workdir).expanduser()
+    tokenizer = build_tokenizer()
+    model = build_model(tiny_model_config(tokenizer, model_size), seed)
+    model_path = save_pretrained_model(model, tokenizer, root / "model")
+    train, val = write_task_dataset(root / "data", n_train, n_val, seed)
+    return EmbeddedDefault(model_path=model_path, train_data=train, val_data=val)
+
+
 def read_marker(model_dir: Path) -> dict:
     """The marker of a completed checkpoint, or {} when there is none or it cannot be read."""
     try:

@@ -37,6 +37,7 @@ class Trainer:
         pad = self.tokenizer.pad_token_id or 0
         self.forward_batching = micro_batching(cfg, self.world, pad, train=False)
         self.train_batching = micro_batching(cfg, self.world, pad, train=True)
+        self.on_policy = is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size)
         self.ckpt_root = cfg.trainer.ckpt_path or os.path.join(run_dir, "checkpoints")
         self.metrics = MetricsLogger(run_dir, list(cfg.trainer.logger), cfg.trainer.project_name,
                                      cfg.trainer.run_name, config_to_dict(cfg))
@@ -81,9 +82,9 @@ class Trainer:
         algo = cfg.trainer.algorithm
         experience = build_experience(rollouts, rewards, algo.advantage_estimator, algo.grpo_norm_by_std,
                                       algo.gamma, algo.lambd)
-        on_policy = is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size)
         scored = time.perf_counter()
-        compute_logprobs(self.group, self.forward_batching, experience, has_ref=algo.use_kl_loss, on_policy=on_policy)
+        compute_logprobs(self.group, self.forward_batching, experience, has_ref=algo.use_kl_loss,
+                         on_policy=self.on_policy)
         forwarded = time.perf_counter()
         mini = cfg.trainer.policy_mini_batch_size * cfg.generator.n_samples_per_prompt
         row = update_policy(self.group, self.train_batching, self.settings, experience, mini)
