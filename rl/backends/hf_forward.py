@@ -1,8 +1,10 @@
 """Runs a Hugging Face causal LM over a `PackedBatch` and returns per-token logprobs aligned with target tokens.
 
-Packed batches go in as one row whose position ids restart at every sequence: with no attention mask, transformers
-derives a block-diagonal causal mask from the resets (sdpa/eager) or varlen boundaries (flash attention), so no
-token attends across a sequence boundary. Padded batches go in as [S, L] rows with an attention mask.
+Packed batches go in as one row whose position ids restart at every sequence, with the sequence boundaries as
+flash-attention's packing kwargs (`cu_seq_lens_q`...): flash attention and `sdpa_varlen` (rl.backends.varlen_attention)
+attend within each sequence at its own cost; plain sdpa/eager fall back on the block-diagonal causal mask transformers
+derives from the position resets. No token attends across a sequence boundary either way. Padded batches go in as
+[S, L] rows with an attention mask.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from rl.backends.logits import token_logprobs_and_entropy
+from rl.backends.varlen_attention import packing_kwargs
 from rl.core.packing import PackedBatch
 
 
@@ -19,7 +22,8 @@ def flat_logits(model: nn.Module, batch: PackedBatch) -> Tensor:
         out = model(input_ids=batch.as_padded(), attention_mask=batch.attention_mask().long(),
                     position_ids=batch.as_padded(batch.position_ids), use_cache=False)
         return out.logits.reshape(batch.num_tokens, -1)
-    out = model(input_ids=batch.input_ids[None], position_ids=batch.position_ids[None], use_cache=False)
+    out = model(input_ids=batch.input_ids[None], position_ids=batch.position_ids[None], use_cache=False,
+                **packing_kwargs(batch.cu_seqlens))
     return out.logits[0]
 
 

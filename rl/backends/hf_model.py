@@ -10,10 +10,13 @@ from torch import Tensor, nn
 
 
 def attention_implementation(device: torch.device) -> str:
-    """flash_attention_2 on GPU when installed (varlen kernels for packed rows), else PyTorch sdpa."""
+    """flash_attention_2 on GPU when installed, else PyTorch sdpa with per-sequence attention for packed rows
+    (`rl.backends.varlen_attention`); both take a packed row's boundaries from the flash-attention packing kwargs."""
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
-    return "sdpa"
+    from rl.backends import varlen_attention
+
+    return varlen_attention.register()
 
 
 def load_causal_lm(path: str, device: torch.device) -> nn.Module:

@@ -4,17 +4,20 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rl.backends import varlen_attention
 from rl.backends.hf_forward import batch_logprobs
 from rl.backends.logits import token_entropy, token_logprobs
 from rl.core.packing import pack_sequences, pad_sequences
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=["sdpa", "sdpa_varlen"])
+def model(request):
+    """Plain sdpa (a block-diagonal mask from the position resets) and the per-sequence sdpa_varlen path."""
+    varlen_attention.register()
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=48, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
-                         attn_implementation="sdpa")
+                         attn_implementation=request.param)
     return Qwen2ForCausalLM(config).eval()
 
 
