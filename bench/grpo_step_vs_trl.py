@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -141,12 +140,10 @@ def our_overrides(args: argparse.Namespace, model_path: str, train_path: str, pa
 
 def run_ours(args: argparse.Namespace, model_path: str, train_path: str, workdir: str, packed: bool) -> list[dict]:
     """The launcher in a subprocess; the counted steps' rows of metrics.jsonl."""
+    from rl.launch.subprocess_run import run_train
+
     run_dir = tempfile.mkdtemp(prefix="ours-", dir=workdir)
-    env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count() or 1), "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    cmd = [sys.executable, "-m", "rl.launch.train", f"--run_dir={run_dir}",
-           *our_overrides(args, model_path, train_path, packed)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    proc = run_train(run_dir, our_overrides(args, model_path, train_path, packed), threads=os.cpu_count() or 1)
     if proc.returncode != 0:
         raise RuntimeError(f"the launcher failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:

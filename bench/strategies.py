@@ -33,9 +33,7 @@ tensor_model_parallel_size=2`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -148,34 +146,21 @@ def run_once(args: argparse.Namespace, job: Job, strategy: str, run_dir: str) ->
     """The launcher in a subprocess (its own process group, killed afterwards so no Ray process outlives it).
 
     Returns the metrics rows that carry a loss, and None; or no rows and why the run failed."""
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": str(os.cpu_count() or 1),
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-    }
-    cmd = [sys.executable, "-m", "rl.launch.train", f"--run_dir={run_dir}", *overrides_for(args, job, strategy)]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
-    )
+    from rl.launch.subprocess_run import run_train
+
     try:
-        stdout, stderr = proc.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the whole group: a Ray process holding the pipes would block reading
-        stdout, stderr = proc.communicate()
-        return [], f"timed out after {args.timeout} s\n{tail(stdout, stderr)}"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        proc = run_train(run_dir, overrides_for(args, job, strategy), threads=os.cpu_count() or 1,
+                         timeout=args.timeout)
+    except subprocess.TimeoutExpired as error:
+        return [], f"timed out after {args.timeout} s\n{tail(error.output, error.stderr)}"
     if proc.returncode != 0:
-        return [], f"exit status {proc.returncode}\n{tail(stdout, stderr)}"
+        return [], f"exit status {proc.returncode}\n{tail(proc.stdout, proc.stderr)}"
     from rl.core.trainer.metrics import read_metrics
 
     path = os.path.join(run_dir, "metrics.jsonl")
     rows = [row for row in read_metrics(path) if "loss" in row] if os.path.exists(path) else []
     if len(rows) < args.steps:
-        return [], f"{path} has {len(rows)} training rows, expected {args.steps}\n{tail(stdout, stderr)}"
+        return [], f"{path} has {len(rows)} training rows, expected {args.steps}\n{tail(proc.stdout, proc.stderr)}"
     return rows, None
 
 

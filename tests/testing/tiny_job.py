@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
-import sys
 from dataclasses import dataclass
 
 
@@ -43,20 +39,9 @@ def make_tiny_job(directory: str, seed: int = 0) -> TinyJob:
     return TinyJob(model_path=str(job.model_path), train_data=str(job.train_data), val_data=str(job.val_data))
 
 
-def run_train(run_dir: str, overrides: list[str], timeout: int = 600, env_extra: dict | None = None,
-              start_new_session: bool = False) -> subprocess.CompletedProcess:
-    """`python -m rl.launch.train` in a subprocess (the same interpreter and import path as the test).
+def run_train(run_dir: str, overrides: list[str], timeout: int = 600,
+              env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """The launcher in a subprocess on one torch thread per process (`rl.launch.subprocess_run`)."""
+    from rl.launch.subprocess_run import run_train as run_launcher
 
-    With start_new_session the run gets its own process group, which is killed afterwards: a driver that died
-    by SIGKILL cannot stop the Ray processes it started."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path), **(env_extra or {})}
-    cmd = [sys.executable, "-m", "rl.launch.train", f"--run_dir={run_dir}", *overrides]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=start_new_session)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    finally:
-        if start_new_session:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    return run_launcher(run_dir, overrides, threads=1, timeout=timeout, env_extra=env_extra)

@@ -29,7 +29,7 @@ def test_killed_during_checkpoint_resumes_like_an_uninterrupted_run(job, tmp_pat
     reference = run_train(reference_dir, _overrides(job))
     assert reference.returncode == 0, reference.stderr[-5000:]
 
-    crashed = run_train(crashed_dir, _overrides(job), start_new_session=True,
+    crashed = run_train(crashed_dir, _overrides(job),
                         env_extra={"RL_KILL_AT": "checkpoint_written:2"})
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
     root = os.path.join(crashed_dir, "checkpoints")
