@@ -2,9 +2,12 @@
 
 Every call runs megatron's forward-backward schedule (1F1B with PP > 1) over the model-parallel group's tokens as
 one micro-batch; logprobs come from the vocab-parallel logits; the loss is `rl.core.algorithms.compute_policy_loss`.
-Optimizer: a torch AdamW over each rank's shards (the base class's; with `optimizer_cpu_offload` its masters and
-state stay in host memory, `rl.backends.host_optimizer`), after `grads.reduce_gradients` and a global grad norm
-(`grads.clip_gradients`); megatron's own optimizers need CUDA (see cpu_compat.py).
+Training uses megatron-core's own machinery on every device (optimizer.py), on CPU through cpu_compat.py: its
+DistributedDataParallel grad buffers, `finalize_model_grads`, the distributed optimizer (ZeRO-1 over DP, torch AdamW
+inside) and its grad norm and clipping, with the base class's LR warm-up. With `optimizer_cpu_offload` megatron's
+non-distributed optimizer handles the grads and `rl.backends.host_optimizer.HostAdamW` the update (megatron's
+HybridDeviceOptimizer does not work here: see optimizer.py). Checkpoints hold megatron's distributed-optimizer state
+gathered over DP (checkpoint.py).
 """
 
 from __future__ import annotations
@@ -16,11 +19,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rl.backends.base import BACKENDS, TrainingBackend, _placeholder_batch
-from rl.backends.host_optimizer import HostAdamW
 from rl.backends.megatron import batches as B
 from rl.backends.megatron import checkpoint as ckpt
+from rl.backends.megatron import optimizer as mopt
 from rl.backends.megatron.cpu_compat import cpu_compat
-from rl.backends.megatron.grads import clip_gradients, reduce_gradients
 from rl.backends.megatron.logprobs import vocab_parallel_logprobs
 from rl.backends.megatron.parallel import MegatronOptions, current_layout, init_parallel_state
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
@@ -57,10 +59,17 @@ class MegatronBackend(TrainingBackend):
         self._load_local(hf_to_megatron(weights, self.hf_config, self.layout))
         del weights
         self.model.to(self.dist.device)
+        self.ddp = None
         if self.trainable:
-            self.make_optimizer(self.model.parameters(), on_host=self.options.optimizer_cpu_offload)
+            offload = self.options.optimizer_cpu_offload
+            self.ddp = mopt.wrap_ddp(self.model, distributed_optimizer=not offload)
+            self.optimizer = mopt.MegatronAdam(self.ddp, self.spec, offload)
+            self.scheduler = self.optimizer.scheduler
         else:
             self.model.requires_grad_(False)
+
+    def forward_module(self) -> torch.nn.Module:
+        return self.ddp if self.ddp is not None else self.model
 
     def _load_local(self, state: dict[str, Tensor]) -> None:
         missing, unexpected = self.model.load_state_dict(state, strict=False)
@@ -90,7 +99,8 @@ class MegatronBackend(TrainingBackend):
 
         with cpu_compat(self.dist.device):
             return get_forward_backward_func()(
-                forward_step_func=forward_step, data_iterator=iter([None]), model=[self.model], num_microbatches=1,
+                forward_step_func=forward_step, data_iterator=iter([None]), model=[self.forward_module()],
+                num_microbatches=1,
                 seq_length=ids.shape[1], micro_batch_size=1, forward_only=forward_only)
 
     @torch.no_grad()
@@ -126,8 +136,9 @@ class MegatronBackend(TrainingBackend):
                 num_sequences=merged.num_sequences)
             report = {name: float(value) for name, value in metrics.items()}
             report["loss"] = float(loss.detach()) / normalizer.dp_world_size
-            # The loss carries x dp_world_size to undo a DP average; grads.reduce_gradients sums instead.
-            return loss / normalizer.dp_world_size, report
+            # The loss undoes a gradient average over the normalizer's dp_world_size workers; megatron's DDP averages
+            # over its own DP replicas (world / (TP * PP): each ran a TP * PP group's tokens), so rescale to those.
+            return loss * (self._megatron_dp_size() / normalizer.dp_world_size), report
 
         out = self._schedule(merged, loss_func, forward_only=False)
         report = [out[0] if out else None]
@@ -139,15 +150,46 @@ class MegatronBackend(TrainingBackend):
         # Every rank of the model-parallel group ran the group's tokens: each reports its 1/size share.
         return {name: value / group.group_size for name, value in report[0].items()}
 
+    @staticmethod
+    def _megatron_dp_size() -> int:
+        from megatron.core import parallel_state as ps
+
+        return ps.get_data_parallel_world_size(with_context_parallel=True)
+
     # --- optimizer --------------------------------------------------------------------------------------------
     def clip_grad_norm(self) -> float:
-        reduce_gradients(self.model)
-        return clip_gradients(self.model, self.spec.max_grad_norm)
+        with cpu_compat(self.dist.device):
+            return self.optimizer.reduce_and_clip(self.spec.max_grad_norm)
+
+    def optimizer_step(self) -> dict[str, float]:
+        lr = self.optimizer.lr
+        grad_norm = self.clip_grad_norm()
+        with cpu_compat(self.dist.device):
+            self.optimizer.step()
+        return {"grad_norm": grad_norm, "lr": lr}
+
+    def _move_state(self, device: torch.device) -> None:
+        """GPU only: megatron's DDP buffers hold the weights (with the distributed optimizer) and the grads, so they
+        move through megatron's buffer offload, which keeps the parameters' views into them valid."""
+        if self.dist.device.type == "cpu" or self.ddp is None:
+            super()._move_state(device)
+            return
+        to_host = device.type == "cpu"
+        for buffer in self.ddp.buffers + self.ddp.expert_parallel_buffers:
+            if to_host:
+                buffer.offload_to_cpu()
+            else:
+                buffer.reload_from_cpu()
+        if not self.ddp.ddp_config.use_distributed_optimizer:  # the weights are not in the buffers then
+            self.model.to(device)
+        self.optimizer.move_state(device)
+        if to_host:
+            torch.cuda.empty_cache()
 
     # --- checkpoints and export -------------------------------------------------------------------------------
     def save_checkpoint(self, path: str) -> None:
-        state = {"model": ckpt.model_state(self.model), "optimizer": self.optimizer.state_dict(),
-                 "scheduler": self.scheduler.state_dict()}
+        with cpu_compat(self.dist.device):
+            state = {"model": ckpt.model_state(self.model), **self.optimizer.state_dict()}
         ckpt.save_distributed(path, self.layout, state)
         if self.dist.is_main:  # lets `rl.launch.convert --direction=megatron_to_hf` read training checkpoints
             from rl.backends.megatron.hf_io import write_layout
@@ -157,11 +199,9 @@ class MegatronBackend(TrainingBackend):
     def load_checkpoint(self, path: str) -> None:
         state = ckpt.read_shard(path, self.layout)
         self._load_local(state["model"])
-        if "optimizer" in state and self.optimizer is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-        elif isinstance(self.optimizer, HostAdamW):  # weights only: host masters follow the loaded weights
-            self.optimizer.resync_masters()
+        if self.optimizer is not None:
+            with cpu_compat(self.dist.device):
+                self.optimizer.load_state_dict(state)
 
     def full_state_dict(self) -> dict[str, Tensor]:
         from rl.backends.megatron.convert import megatron_to_hf

@@ -2,8 +2,11 @@
 
 A checkpoint directory holds `mp_rank_{tp:02d}_{pp:03d}_{ep:03d}/model_optim_rng.pt` per distinct model shard (the
 first rank holding that shard writes it; data-parallel replicas read it), each with `model` (the local megatron
-state dict), and, when saved from training, `optimizer` and `scheduler`. `rl.launch.convert` writes the same
-layout from a Hugging Face checkpoint for any TP/PP/EP without starting a process group.
+state dict), and, when saved from training, `scheduler` and (after the first step) `optimizer`: megatron's own format
+for its distributed optimizer (`distributed_optimizer_state`), gathered over DP, so every shard file holds the whole
+optimizer state of its model shard and loads at any DP size; with `optimizer_cpu_offload`, HostAdamW's state dict.
+`rl.launch.convert` writes the same layout from a Hugging Face checkpoint for any TP/PP/EP without starting a process
+group.
 """
 
 from __future__ import annotations
@@ -26,6 +29,37 @@ def shard_dir(root: str, tp_rank: int, pp_rank: int, ep_rank: int) -> str:
 def model_state(model: torch.nn.Module) -> dict[str, Tensor]:
     """Weights only (megatron's `_extra_state` entries are empty for the local spec)."""
     return {k: v.detach().cpu() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+
+
+def distributed_optimizer_state(optimizer) -> list[dict]:
+    """Per DistributedOptimizer of the chain (dense, then experts): its `state_dict()` (param groups, step) and, as
+    "param_state", its parameter state (fp32 main params, exp_avg, exp_avg_sq) gathered over its DP group into
+    unpadded tensors (`get_parameter_state_dp_zero`). Collective; every rank gets the result, so whichever rank writes
+    a shard file has it. Needs one optimizer step taken (megatron reads the step from the AdamW state)."""
+    states = []
+    for opt in optimizer.chained_optimizers:
+        state = opt.state_dict()
+        state["param_state"] = opt.get_parameter_state_dp_zero(return_on_all_ranks=True)
+        states.append(state)
+    return states
+
+
+@torch.no_grad()  # the fp32 main params it writes are views of the weights, which require grad
+def load_distributed_optimizer_state(optimizer, states: list[dict]) -> None:
+    """Undoes `distributed_optimizer_state` (collective: DP rank 0 of each optimizer scatters the shards).
+    With torch's AdamW inside, megatron-core 0.16.1's `load_state_dict` gives every parameter one shared "step"
+    tensor (AdamW would advance it once per parameter), and `load_parameter_state_from_dp_zero` copies every state
+    key, "step" included, which the gathered state lacks (KeyError): "step" is set aside while the shards load, then
+    each parameter gets its own copy."""
+    for opt, saved in zip(optimizer.chained_optimizers, states, strict=True):
+        saved = dict(saved)
+        param_state = saved.pop("param_state")
+        opt.load_state_dict(saved)  # param groups and step; allocates the state tensors
+        inner = opt.optimizer.state
+        steps = {param: state.pop("step") for param, state in inner.items() if "step" in state}
+        opt.load_parameter_state_from_dp_zero(param_state)
+        for param, step in steps.items():
+            inner[param]["step"] = step.clone()
 
 
 def write_shard(root: str, layout: Layout, state: dict) -> None:

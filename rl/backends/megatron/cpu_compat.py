@@ -20,10 +20,20 @@ module attributes for the time it is active and restores them on exit (megatron-
    replacement converts CPU tensors too when numpy is asked for.
 5. `transformer.moe.moe_utils.te_general_gemm = None` when Transformer Engine is absent (on any device): 0.16.1
    imports it only with TE but tests it unguarded in the MoE router's gating linear (a NameError without TE).
+6. Item 1's proxy also covers megatron's DDP wrapper and optimizers: `distributed.param_and_grad_buffer` (the
+   contiguous param and grad buffers on `torch.cuda.current_device()`), `optimizer.optimizer` (the unit loss scale
+   and overflow flags on "cuda"), `optimizer.clip_grads` (the norm accumulators on "cuda") and
+   `optimizer.distrib_optimizer` (the optimizer-state placeholders it allocates when loading a state dict).
+7. `optimizer.distrib_optimizer.DistributedOptimizer._build_model_and_main_param_groups` takes its fp32 branch only
+   when `param.type() == "torch.cuda.FloatTensor"` and raises TypeError for any other type. The replacement runs the
+   original while the CPU fp32 parameters it is given report that type name (an instance attribute shadowing
+   `Tensor.type`, removed after the call); the fp32 branch itself only slices views, so it is device-independent.
+8. `clip_grad_by_total_norm_fp32` (megatron's grad clipping; the name is bound in `optimizer.clip_grads` and
+   `optimizer.optimizer`) asserts `param.grad.type() == "torch.cuda.FloatTensor"`; the replacement runs the
+   original while the CPU fp32 gradients report that type name, the same way as item 7.
 
-Not patched (the backend avoids them, on CPU and for now on GPU too): megatron's optimizers (`optimizer/clip_grads.py`
-asserts `torch.cuda.FloatTensor` grads; `DistributedOptimizer` requires CUDA parameters) and its DDP wrapper. The
-backend steps a torch AdamW over each rank's shards and reduces and clips gradients across TP/PP/EP itself (grads.py).
+Not patched: `optimizer.cpu_offloading.HybridDeviceOptimizer` (megatron's `optimizer_cpu_offload`), which the
+backend does not use on any device (why: optimizer.py).
 Not patches but layer-spec choices, made on every device: THD core attention (attention.py; the local
 `DotProductAttention` rejects packed sequences) and an RMSNorm that allows sequence parallelism (norm.py).
 The layer checks the installed megatron-core version equals PINNED_VERSION (the lock's pin) before patching.
@@ -32,6 +42,7 @@ The layer checks the installed megatron-core version equals PINNED_VERSION (the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import threading
 import types
@@ -56,6 +67,10 @@ _TORCH_PROXIED = (
     "megatron.core.transformer.moe.experts",
     "megatron.core.transformer.moe.moe_utils",
     "megatron.core.transformer.moe.token_dispatcher",
+    "megatron.core.distributed.param_and_grad_buffer",
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.clip_grads",
+    "megatron.core.optimizer.distrib_optimizer",
 )
 _FACTORIES = ("zeros", "empty", "ones", "full", "tensor", "arange")
 _lock = threading.RLock()
@@ -205,11 +220,56 @@ def _setup_embeddings_on_cpu(original):
     return setup
 
 
+_CUDA_FLOAT = "torch.cuda.FloatTensor"
+
+
+@contextlib.contextmanager
+def _cuda_type_names(tensors):
+    """While active, CPU fp32 `tensors` answer `t.type()` with the CUDA type name (items 7 and 8); `t.type(dtype)`
+    still converts. An instance attribute shadows `Tensor.type` and is deleted on exit."""
+    marked = []
+    try:
+        for t in tensors:
+            if t.device.type == "cpu" and t.dtype == torch.float32 and "type" not in vars(t):
+                t.type = functools.partial(_type_name, t)
+                marked.append(t)
+        yield
+    finally:
+        for t in marked:
+            del t.type
+
+
+def _type_name(tensor, *args, **kwargs):
+    return torch.Tensor.type(tensor, *args, **kwargs) if args or kwargs else _CUDA_FLOAT
+
+
+def _fp32_params_as_cuda(original):
+    """DistributedOptimizer._build_model_and_main_param_groups for CPU fp32 parameters (item 7)."""
+
+    def build(cls, gbuf_ranges, param_gbuf_map, opt_group_ranges, config):
+        with _cuda_type_names([p for group in opt_group_ranges for p in group["params"]]):
+            return original(cls, gbuf_ranges, param_gbuf_map, opt_group_ranges, config)
+
+    return classmethod(build)
+
+
+def _fp32_grads_as_cuda(original):
+    """clip_grad_by_total_norm_fp32 for CPU fp32 gradients (item 8)."""
+
+    def clip(parameters, max_norm, total_norm, use_decoupled_grad=False):
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        with _cuda_type_names([p.grad for p in params if p.grad is not None]):
+            return original(params, max_norm, total_norm, use_decoupled_grad)
+
+    return clip
+
+
 _MISSING = object()
 
 
 def _patch(owner, name, value) -> None:
-    _saved.append((owner, name, getattr(owner, name, _MISSING)))
+    """Sets owner.name, saving what the owner itself held (for a class: the raw classmethod, or nothing)."""
+    _saved.append((owner, name, vars(owner).get(name, _MISSING)))
     setattr(owner, name, value)
 
 
@@ -234,6 +294,14 @@ def _apply() -> None:
 
     _patch(LanguageModule, "setup_embeddings_and_output_layer",
            _setup_embeddings_on_cpu(LanguageModule.setup_embeddings_and_output_layer))
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    _patch(DistributedOptimizer, "_build_model_and_main_param_groups",
+           _fp32_params_as_cuda(DistributedOptimizer._build_model_and_main_param_groups.__func__))
+    clip_grads = importlib.import_module("megatron.core.optimizer.clip_grads")
+    clip = _fp32_grads_as_cuda(clip_grads.clip_grad_by_total_norm_fp32)
+    for module in (clip_grads, importlib.import_module("megatron.core.optimizer.optimizer")):
+        _patch(module, "clip_grad_by_total_norm_fp32", clip)
 
 
 def _restore() -> None:

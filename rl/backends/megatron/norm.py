@@ -1,8 +1,8 @@
 """RMSNorm for the local layer spec that also works with sequence parallelism.
 
 megatron-core's local norm (`WrappedTorchNorm`) refuses `sequence_parallel`; with SP each TP rank normalizes its own
-slice of the sequence, so the weight's gradient is partial per rank: it is marked `sequence_parallel` and
-`grads.reduce_gradients` sums it over the TP group (as megatron's DDP does for its own norms).
+slice of the sequence, so the weight's gradient is partial per rank: it is marked `sequence_parallel`, and
+megatron's `finalize_model_grads` sums such gradients over the TP group.
 """
 
 from __future__ import annotations

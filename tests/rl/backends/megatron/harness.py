@@ -46,12 +46,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _gather_grad_buffers(ddp) -> None:
+    """After megatron's reduce-scatter each DP rank holds the reduced grads of its own slice of every bucket (the
+    distributed optimizer's shard): all-gather the slices so `param.main_grad` is the whole reduced gradient."""
+    for buffer in ddp.buffers + ddp.expert_parallel_buffers:
+        group = buffer.data_parallel_group
+        for bucket in buffer.buckets:
+            mine = bucket.grad_data.chunk(dist.get_world_size(group))[dist.get_rank(group)].clone()
+            dist.all_gather_into_tensor(bucket.grad_data, mine, group=group)
+
+
 def _full_grads(backend, strategy: str) -> dict[str, torch.Tensor]:
     if strategy == "megatron":
         from rl.backends.megatron.checkpoint import gather_shards
         from rl.backends.megatron.convert import megatron_to_hf
 
-        grads = {name: p.grad for name, p in backend.model.named_parameters()}
+        _gather_grad_buffers(backend.ddp)
+        grads = {name: p.main_grad for name, p in backend.model.named_parameters()}
         holder = torch.nn.Module()
         holder.state_dict = lambda: grads  # gather_shards reads state_dict()
         shards = gather_shards(holder, backend.layout)
@@ -130,9 +141,13 @@ def _state_round_trip(info, options: dict, model_path: str, vocab: int, director
 
     torch.manual_seed(0)
     world = info.world_size
-    spec = ModelSpec(path=model_path, role="policy", temperature=1.0, lr=1e-2, backend_options=options)
+    spec = ModelSpec(path=model_path, role="policy", temperature=1.0, lr=1e-2, lr_warmup_steps=3,
+                     backend_options=options)
     batch = pack_sequences(sequences(vocab)[:4])  # the same batch on every rank
     first = build_backend("megatron", spec, info)
+    optimizer_numel = sum(p.numel() for opt in first.optimizer.torch_optimizers()
+                          for group in opt.param_groups for p in group["params"])
+    weights_numel = sum(p.numel() for p in first.model.parameters())
     _train_once(first, batch, world)
     first.save_checkpoint(os.path.join(directory, "ckpt"))
     expected = _train_once(first, batch, world)
@@ -149,7 +164,8 @@ def _state_round_trip(info, options: dict, model_path: str, vocab: int, director
 
     parallel_state.destroy_model_parallel()
     return {"expected": expected, "got": got, "expected_state": expected_state, "got_state": got_state,
-            "export": export, "trained_logprobs": trained_logprobs, "batch": batch}
+            "export": export, "trained_logprobs": trained_logprobs, "batch": batch,
+            "optimizer_numel": optimizer_numel, "weights_numel": weights_numel}
 
 
 def _state_worker(rank: int, world: int, port: int, layouts: list[dict], model_path: str, vocab: int,

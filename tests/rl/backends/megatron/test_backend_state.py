@@ -1,11 +1,12 @@
-"""The megatron backend's checkpoint restores training exactly, and its Hugging Face export (gathered from TP/PP
-shards) loads in transformers with the trained weights."""
+"""The megatron backend's checkpoint restores training exactly (weights, megatron's distributed optimizer state
+sharded over DP, the LR warm-up), and its Hugging Face export (gathered from TP/PP shards) loads in transformers with
+the trained weights."""
 
 import os
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rl.backends.logits import token_logprobs
 from rl.core.packing import PackedBatch
@@ -31,6 +32,7 @@ def model_path(tmp_path_factory):
 LAYOUTS = {
     "pp2": {"pipeline_model_parallel_size": 2},
     "tp2": {"tensor_model_parallel_size": 2},
+    "dp2": {},  # the distributed optimizer's state is sharded over the two DP ranks
     "tp2-optimizer-offload": {"tensor_model_parallel_size": 2, "optimizer_cpu_offload": True},
 }
 
@@ -73,6 +75,31 @@ def _per_sequence_logits(model, batch: PackedBatch) -> torch.Tensor:
     """Each sequence alone through transformers (no packing involved in the oracle)."""
     return torch.cat([model(input_ids=batch.select([i]).input_ids[None]).logits[0]
                       for i in range(batch.num_sequences)])
+
+
+def test_distributed_optimizer_shards_its_state_over_data_parallel_ranks(results):
+    """DP=2: rank 0's optimizer holds about half of the weights (ZeRO-1); TP=2 has no DP, so all of its shard."""
+    dp2, tp2 = results["dp2"], results["tp2"]
+    assert dp2["optimizer_numel"] < dp2["weights_numel"] / 2 + 64  # + megatron's padding of the buffer to DP
+    assert tp2["optimizer_numel"] == tp2["weights_numel"]
+
+
+def test_expert_parallel_checkpoint_restores_training(tmp_path_factory):
+    """EP=2: a chain of two distributed optimizers (dense over DP=2, experts over expert-DP=1)."""
+    from rl.core.embedded.tokenizer import build_tokenizer
+
+    torch.manual_seed(0)
+    config = MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+                           num_experts_per_tok=2, tie_word_embeddings=False, max_position_embeddings=64)
+    path = str(tmp_path_factory.mktemp("mixtral"))
+    MixtralForCausalLM(config).save_pretrained(path)
+    build_tokenizer().save_pretrained(path)
+    result, = run_state_round_trips(path, VOCAB, [{"expert_model_parallel_size": 2}],
+                                    str(tmp_path_factory.mktemp("moe_runs")))
+    assert result["got"] == result["expected"]
+    for name, tensor in result["expected_state"].items():
+        assert torch.equal(result["got_state"][name], tensor), name
 
 
 def test_optimizer_cpu_offload_trains_like_the_device_optimizer(results):

@@ -1,5 +1,7 @@
 """The megatron backend on one GPU (nccl, no CPU compatibility layer): logprobs match transformers on the same
-device, and a training step yields a finite gradient norm and changes the weights."""
+device; a training step through megatron's DDP and distributed optimizer (or, with optimizer_cpu_offload, megatron's
+non-distributed optimizer and HostAdamW) yields a finite gradient norm and changes the weights; a checkpoint of the
+optimizer state saves and loads, and training goes on from it."""
 
 import pytest
 import torch
@@ -17,8 +19,11 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a G
 VOCAB = 61
 
 
-def test_logprobs_match_transformers_and_a_step_trains(tmp_path):
+@pytest.mark.parametrize("options", [{}, {"optimizer_cpu_offload": True}], ids=["distributed-optimizer", "offload"])
+def test_logprobs_match_transformers_and_a_step_trains(tmp_path, options):
     import megatron.core.utils as megatron_utils
+    from megatron.core import parallel_state
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -27,9 +32,12 @@ def test_logprobs_match_transformers_and_a_step_trains(tmp_path):
     Qwen2ForCausalLM(config).save_pretrained(tmp_path)
     info = init_distributed(0, 1, "127.0.0.1", free_port())
     try:
-        backend = build_backend("megatron", ModelSpec(path=str(tmp_path), role="policy", temperature=1.0, lr=1e-2),
-                                info)
+        spec = ModelSpec(path=str(tmp_path), role="policy", temperature=1.0, lr=1e-2, backend_options=options)
+        backend = build_backend("megatron", spec, info)
         assert megatron_utils.torch is torch, "the CPU compatibility layer must stay off on GPU"
+        distributed = isinstance(backend.optimizer.megatron.chained_optimizers[0], DistributedOptimizer)
+        assert distributed != bool(options), "the distributed optimizer unless optimizer_cpu_offload"
+        assert backend.model.embedding.word_embeddings.weight.main_grad.is_cuda, "megatron's DDP grad buffer"
         seqs = sequences(VOCAB)[:4]
         batch = pack_sequences(seqs)
         got, _ = backend.logprobs(batch)
@@ -47,5 +55,11 @@ def test_logprobs_match_transformers_and_a_step_trains(tmp_path):
         assert 0 < stats["grad_norm"] < float("inf")
         after = backend.model.state_dict()
         assert any(not torch.equal(after[k], v) for k, v in before.items())
+
+        backend.save_checkpoint(str(tmp_path / "ckpt"))
+        backend.load_checkpoint(str(tmp_path / "ckpt"))
+        backend.forward_backward(batch.replace(old_logprobs=got), LossSettings(), normalizer)
+        assert 0 < backend.optimizer_step()["grad_norm"] < float("inf")
     finally:
+        parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
