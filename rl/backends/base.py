@@ -15,7 +15,6 @@ from torch import Tensor, nn
 
 from rl.backends.dist import DistInfo
 from rl.backends.hf_forward import batch_logprobs
-from rl.backends.host_optimizer import HostAdamW
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
 from rl.core.packing import PackedBatch
 from rl.core.registry import Registry
@@ -86,8 +85,7 @@ class TrainingBackend(abc.ABC):
         if self.dist.device.type == "cpu":
             return
         self.model.to(device)
-        on_host = isinstance(self.optimizer, HostAdamW)  # its state stays in host memory by design
-        for state in (self.optimizer.state.values() if self.optimizer and not on_host else ()):
+        for state in (self.optimizer.state.values() if self.optimizer else ()):
             for key, value in state.items():
                 if isinstance(value, Tensor):
                     state[key] = value.to(device, non_blocking=True)
@@ -95,15 +93,11 @@ class TrainingBackend(abc.ABC):
             torch.cuda.empty_cache()
 
     # --- shared by every strategy ---------------------------------------------------------------------------
-    def make_optimizer(self, params, on_host: bool = False) -> None:
-        """AdamW with the LR warm-up schedule; `on_host` keeps its masters and state in host memory."""
+    def make_optimizer(self, params) -> None:
+        """AdamW with the LR warm-up schedule."""
         spec = self.spec
-        optimizer_class = HostAdamW if on_host else torch.optim.AdamW
-        self.optimizer = optimizer_class(params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay)
-        warmup = max(spec.lr_warmup_steps, 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
-        )
+        self.optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay)
+        self.scheduler = warmup_schedule(self.optimizer, spec.lr_warmup_steps)
 
     def forward_module(self) -> nn.Module:
         """The module whose forward runs the wrapped model (a DeepSpeed engine, an FSDP module...)."""
@@ -150,6 +144,12 @@ class TrainingBackend(abc.ABC):
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"grad_norm": grad_norm, "lr": lr}
+
+
+def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Every strategy's LR schedule: linear warm-up over `warmup_steps` optimizer steps, then constant."""
+    warmup = max(warmup_steps, 0)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
 
 
 def _placeholder_batch() -> PackedBatch:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from rl.backends.base import ModelSpec
+from rl.backends.base import ModelSpec, warmup_schedule
 from rl.backends.host_optimizer import HostAdamW
 from rl.backends.megatron import checkpoint as ckpt
 
@@ -48,14 +48,11 @@ def _megatron_optimizer(ddp_model, spec: ModelSpec):
 
 
 class WarmupLR:
-    """`TrainingBackend.make_optimizer`'s schedule (linear warm-up over `warmup` steps, then constant) over several
-    torch optimizers, stepped together (a LambdaLR needs one torch optimizer)."""
+    """Every strategy's schedule (`base.warmup_schedule`) over several torch optimizers, stepped together (a LambdaLR
+    needs one torch optimizer)."""
 
     def __init__(self, optimizers: list[torch.optim.Optimizer], warmup: int):
-        warmup = max(warmup, 0)
-        self.schedulers = [torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warmup)
-                                                             if warmup else 1.0)
-                           for opt in optimizers]
+        self.schedulers = [warmup_schedule(opt, warmup) for opt in optimizers]
 
     @property
     def steps(self) -> int:
