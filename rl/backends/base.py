@@ -94,9 +94,12 @@ class TrainingBackend(abc.ABC):
 
     # --- shared by every strategy ---------------------------------------------------------------------------
     def make_optimizer(self, params) -> None:
-        """AdamW with the LR warm-up schedule."""
+        """AdamW with the LR warm-up schedule; torch's fused kernel where it has one (CPU and CUDA), which on CPU is
+        several times faster than the default per-tensor loop, on DTensor shards too."""
         spec = self.spec
-        self.optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay)
+        fused = self.dist.device.type in ("cpu", "cuda")
+        self.optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay,
+                                           fused=fused)
         self.scheduler = warmup_schedule(self.optimizer, spec.lr_warmup_steps)
 
     def forward_module(self) -> nn.Module:

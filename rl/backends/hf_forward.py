@@ -35,5 +35,6 @@ def batch_logprobs(model: nn.Module, batch: PackedBatch, temperature: float, wit
         empty = batch.input_ids.new_zeros(0, dtype=next(model.parameters()).dtype)
         return empty.float(), (empty.float() if with_entropy else None)
     logits = flat_logits(model, batch)
-    logprobs, entropy = token_logprobs_and_entropy(logits, batch.prediction_targets(), temperature, kernels)
+    logprobs, entropy = token_logprobs_and_entropy(logits, batch.prediction_targets(), temperature, kernels,
+                                                   with_entropy)
     return PackedBatch.align_to_targets(logprobs), (PackedBatch.align_to_targets(entropy) if with_entropy else None)

@@ -95,9 +95,16 @@ def unpack(packed: Tensor, lengths: Tensor, width: int, pad_value: float = 0, ke
     return backend(kernels, packed).unpack(packed, lengths.to(packed.device), width, pad_value)
 
 
-def token_logprobs_entropy(logits: Tensor, targets: Tensor, temperature: float = 1.0, kernels: str = "auto"):
-    """(logprob [N], entropy [N]) fp32 of softmax(logits / temperature) at `targets`; differentiable."""
-    return backend(kernels, logits).token_logprobs_entropy(logits, targets, temperature)
+def token_logprobs_entropy(logits: Tensor, targets: Tensor, temperature: float = 1.0, kernels: str = "auto",
+                           with_entropy: bool = True):
+    """(logprob [N], entropy [N]) fp32 of softmax(logits / temperature) at `targets`; differentiable. With
+    `with_entropy=False` the entropy is None: the torch path skips its work, the GPU kernels (memory-bound, one pass
+    for both) drop it."""
+    impl = backend(kernels, logits)
+    if impl is reference:
+        return reference.token_logprobs_entropy(logits, targets, temperature, with_entropy=with_entropy)
+    logprob, entropy = impl.token_logprobs_entropy(logits, targets, temperature)
+    return logprob, (entropy if with_entropy else None)
 
 
 def fused_policy_loss(

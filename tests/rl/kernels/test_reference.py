@@ -62,6 +62,52 @@ def test_logprobs_handle_masked_vocabulary():
     torch.testing.assert_close(grad[:, 6:], grad0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+@pytest.mark.parametrize("block_size", [None, 7])
+def test_logprobs_without_entropy_match_log_softmax(dtype, temperature, block_size):
+    """The logprob-only path (no entropy in either pass) against eager log_softmax, and the logits stay untouched."""
+    b = packed_batch(dtype=dtype)
+    logits = b.logits.clone().requires_grad_()
+    lp, h = ref_ops.token_logprobs_entropy(logits, b.targets, temperature, block_size=block_size, with_entropy=False)
+    assert h is None
+    eager_in = b.logits.clone().requires_grad_()
+    lp0, _ = eager_logprobs(eager_in, b.targets, temperature)
+    torch.testing.assert_close(lp, lp0, atol=1e-5, rtol=1e-5)
+    w = torch.randn(lp.shape)
+    (g,) = torch.autograd.grad((lp * w).sum(), logits)
+    (g0,) = torch.autograd.grad((lp0 * w).sum(), eager_in)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(g, g0, atol=tol, rtol=tol)
+    assert g.dtype == dtype and torch.equal(logits.detach(), b.logits)
+
+
+def test_unused_entropy_output_skips_its_gradient_term():
+    """With the entropy computed but left out of the loss, the gradient is the logprob-only one."""
+    b = packed_batch()
+    logits = b.logits.clone().requires_grad_()
+    lp, _ = ref_ops.token_logprobs_entropy(logits, b.targets, 0.8, block_size=5)
+    (g,) = torch.autograd.grad(lp.sum(), logits)
+    eager_in = b.logits.clone().requires_grad_()
+    (g0,) = torch.autograd.grad(eager_logprobs(eager_in, b.targets, 0.8)[0].sum(), eager_in)
+    torch.testing.assert_close(g, g0)
+
+
+def test_logprobs_without_entropy_handle_masked_vocabulary():
+    logits = torch.randn(4, 10)
+    logits[:, 0:6] = float("-inf")
+    logits.requires_grad_()
+    targets = torch.tensor([6, 7, 8, 9])
+    lp, _ = ref_ops.token_logprobs_entropy(logits, targets, block_size=3, with_entropy=False)
+    live = logits.detach()[:, 6:].clone().requires_grad_()
+    lp0, _ = eager_logprobs(live, targets - 6)
+    torch.testing.assert_close(lp, lp0)
+    (grad,) = torch.autograd.grad(lp.sum(), logits)
+    (grad0,) = torch.autograd.grad(lp0.sum(), live)
+    assert torch.equal(grad[:, :6], torch.zeros(4, 6))
+    torch.testing.assert_close(grad[:, 6:], grad0)
+
+
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 @pytest.mark.parametrize("dp", [1, 2])
 def test_fused_loss_matches_compute_policy_loss(name, dp):
