@@ -5,10 +5,16 @@ flash-attention's packing kwargs (`cu_seq_lens_q`...): flash attention and `sdpa
 attend within each sequence at its own cost; plain sdpa/eager fall back on the block-diagonal causal mask transformers
 derives from the position resets. No token attends across a sequence boundary either way. Padded batches go in as
 [S, L] rows with an attention mask.
+
+Only positions that predict a loss token go through the LM head (transformers' `logits_to_keep` with an index
+tensor, as TRL and veRL do): prompt positions cost no `[tokens, vocab]` logits, log-softmax or LM-head backward.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 from torch import Tensor, nn
 
 from rl.backends.logits import token_logprobs_and_entropy
@@ -16,25 +22,46 @@ from rl.backends.varlen_attention import packing_kwargs
 from rl.core.packing import PackedBatch
 
 
-def flat_logits(model: nn.Module, batch: PackedBatch) -> Tensor:
-    """[N, V] logits at every flat position of the batch."""
+@dataclass(frozen=True)
+class ScoredLogits:
+    """Logits of the positions that predict loss tokens: row i predicts the flat token `targets_at[i]`."""
+
+    logits: Tensor  # [M, V]
+    targets_at: Tensor  # [M] long: flat positions (in the batch) of the predicted tokens
+
+
+def scored_logits(model: nn.Module, batch: PackedBatch) -> ScoredLogits:
+    """Runs the model over the whole batch and the LM head over the positions before each loss-mask token.
+
+    Packed: those flat positions. Padded: the columns that precede a loss token in any row (a column's logits are
+    computed for every row, so rows with shorter prompts pay for a few extra positions).
+    """
+    predicts = batch.loss_mask.roll(-1, dims=0)  # position t predicts token t + 1; slot starts are never loss tokens
     if batch.padded:
+        columns = batch.as_padded(predicts).any(0).nonzero().squeeze(-1)
         out = model(input_ids=batch.as_padded(), attention_mask=batch.attention_mask().long(),
-                    position_ids=batch.as_padded(batch.position_ids), use_cache=False)
-        return out.logits.reshape(batch.num_tokens, -1)
+                    position_ids=batch.as_padded(batch.position_ids), use_cache=False, logits_to_keep=columns)
+        rows = torch.arange(batch.num_sequences, device=columns.device)[:, None] * batch.padded_length
+        return ScoredLogits(out.logits.reshape(-1, out.logits.shape[-1]), (rows + columns[None] + 1).reshape(-1))
+    positions = predicts.nonzero().squeeze(-1)
     out = model(input_ids=batch.input_ids[None], position_ids=batch.position_ids[None], use_cache=False,
-                **packing_kwargs(batch.cu_seqlens))
-    return out.logits[0]
+                logits_to_keep=positions, **packing_kwargs(batch.cu_seqlens))
+    return ScoredLogits(out.logits[0], positions + 1)
 
 
 def batch_logprobs(model: nn.Module, batch: PackedBatch, temperature: float, with_entropy: bool,
                    kernels: str = "auto") -> tuple[Tensor, Tensor | None]:
-    """(logprobs [N], entropy [N] or None), both aligned with the target token like the batch's loss_mask.
+    """(logprobs [N], entropy [N] or None), both aligned with the target token like the batch's loss_mask and
+    computed where the loss mask is set (0 elsewhere, in padded batches on some more positions).
     `kernels` is trainer.kernels: which implementation of the token-logprob op runs (see rl.kernels.ops)."""
     if batch.num_tokens == 0:
         empty = batch.input_ids.new_zeros(0, dtype=next(model.parameters()).dtype)
         return empty.float(), (empty.float() if with_entropy else None)
-    logits = flat_logits(model, batch)
-    logprobs, entropy = token_logprobs_and_entropy(logits, batch.prediction_targets(), temperature, kernels,
-                                                   with_entropy)
-    return PackedBatch.align_to_targets(logprobs), (PackedBatch.align_to_targets(entropy) if with_entropy else None)
+    scored = scored_logits(model, batch)
+    logprobs, entropy = token_logprobs_and_entropy(scored.logits, batch.input_ids[scored.targets_at], temperature,
+                                                   kernels, with_entropy)
+
+    def spread(values: Tensor) -> Tensor:
+        return values.new_zeros(batch.num_tokens).index_put((scored.targets_at,), values)
+
+    return spread(logprobs), (spread(entropy) if with_entropy else None)

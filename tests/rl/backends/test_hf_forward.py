@@ -21,10 +21,12 @@ def model(request):
     return Qwen2ForCausalLM(config).eval()
 
 
-def _sequences(lengths):
+def _sequences(lengths, prompt_lengths=None):
+    """Random tokens; the loss mask covers every token after the first `prompt_lengths[i]` (default 1)."""
     g = torch.Generator().manual_seed(3)
-    return [{"input_ids": torch.randint(0, 48, (n,), generator=g), "loss_mask": torch.arange(n) > 0}
-            for n in lengths]
+    prompts = prompt_lengths or [1] * len(lengths)
+    return [{"input_ids": torch.randint(0, 48, (n,), generator=g), "loss_mask": torch.arange(n) >= p}
+            for n, p in zip(lengths, prompts, strict=True)]
 
 
 def _alone(model, ids, temperature):
@@ -47,6 +49,32 @@ def test_logprobs_equal_each_sequence_alone(model, build, temperature):
         torch.testing.assert_close(logprobs[start + 1:start + n], _alone(model, seq["input_ids"], temperature),
                                    rtol=1e-5, atol=1e-5)
     assert entropy.shape == logprobs.shape and bool((entropy[batch.loss_mask] > 0).all())
+
+
+@pytest.mark.parametrize("build", [pack_sequences, pad_sequences], ids=["packed", "padded"])
+def test_prompt_positions_skip_the_lm_head_with_the_same_loss_and_gradients(model, build):
+    """With prompts outside the loss mask, loss-token logprobs and the gradients of a loss over them equal the
+    full-logits oracle (log_softmax of every position's logits, then the mask)."""
+    sequences = _sequences([9, 4, 12, 6], prompt_lengths=[5, 1, 8, 3])
+    batch = build(sequences)
+    model.zero_grad()
+    logprobs, _ = batch_logprobs(model, batch, 1.0, with_entropy=False)
+    (logprobs * batch.loss_mask).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+
+    model.zero_grad()
+    oracle = []
+    for seq in sequences:
+        ids = seq["input_ids"]
+        full = torch.log_softmax(model(input_ids=ids[None]).logits[0, :-1].float(), -1)
+        oracle.append(full.gather(-1, ids[1:, None]).squeeze(-1)[seq["loss_mask"][1:]])
+    torch.cat(oracle).sum().backward()
+
+    torch.testing.assert_close(logprobs[batch.loss_mask], torch.cat(oracle).detach(), rtol=1e-5, atol=1e-5)
+    if not batch.padded:
+        assert bool((logprobs[~batch.loss_mask] == 0).all())
+    for got, want in zip(grads, (p.grad for p in model.parameters()), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
 def test_token_logprobs_and_entropy_match_torch():
