@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -37,27 +38,78 @@ def length_groups(lengths: tuple[int, ...]) -> list[list[int]]:
     return groups
 
 
+class _TakeRows(torch.autograd.Function):
+    """`x.index_select(0, index)` for an index without repeats, whose gradient is a plain copy back into those rows
+    (or, given the inverse of a permutation `index`, a gather) instead of the scatter-add that indexing's backward
+    runs for indices that might repeat."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, index: Tensor, inverse: Tensor | None = None) -> Tensor:
+        ctx.save_for_backward(index, inverse)
+        ctx.rows = x.shape[0]
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        index, inverse = ctx.saved_tensors
+        if inverse is not None:
+            return grad.index_select(0, inverse), None, None
+        return grad.new_zeros(ctx.rows, *grad.shape[1:]).index_copy_(0, index, grad), None, None
+
+
+class _PutRows(torch.autograd.Function):
+    """A `rows`-row tensor of zeros with `x` copied into the rows `index` (no repeats); gradient: those rows."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, index: Tensor, rows: int) -> Tensor:
+        ctx.save_for_backward(index)
+        return x.new_zeros(rows, *x.shape[1:]).index_copy_(0, index, x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (index,) = ctx.saved_tensors
+        return grad.index_select(0, index), None, None
+
+
+@dataclass(frozen=True)
+class _Group:
+    """`count` sequences padded to `width`; `slots` are their real tokens' rows in the flat [count * width] grid,
+    or None when every member has length `width` (the grid is then a plain view)."""
+
+    count: int
+    width: int
+    slots: Tensor | None
+
+
 @functools.lru_cache(maxsize=16)
-def _group_indices(starts: tuple[int, ...], lengths: tuple[int, ...], device: torch.device):
-    """Per group: the [count, L] flat index of each slot position (padding repeats the sequence's first token), the
-    [count, L] validity mask or None when every member has length L; and the flat order of the valid outputs."""
-    plan, order = [], []
+def _plan(starts: tuple[int, ...], lengths: tuple[int, ...], device: torch.device
+          ) -> tuple[list[_Group], Tensor, Tensor]:
+    """The groups; `order`, the packed row's token positions in group order (member by member); its inverse."""
+    groups, order = [], []
     for members in length_groups(lengths):
         width = lengths[members[0]]
-        offsets = torch.arange(width)
         count = torch.tensor([lengths[i] for i in members])[:, None]
-        valid = offsets[None] < count
-        index = torch.tensor([starts[i] for i in members])[:, None] + torch.where(valid, offsets[None], 0)
-        order.append(index[valid])
-        plan.append((index.to(device), None if bool(valid.all()) else valid.to(device)))
-    inverse = torch.empty(sum(lengths), dtype=torch.long)
-    inverse[torch.cat(order)] = torch.arange(sum(lengths))
-    return plan, inverse.to(device)
+        valid = torch.arange(width)[None] < count
+        slots = None if bool(valid.all()) else valid.reshape(-1).nonzero().squeeze(-1).to(device)
+        groups.append(_Group(len(members), width, slots))
+        order += [torch.arange(starts[i], starts[i] + lengths[i]) for i in members]
+    order = torch.cat(order)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel())
+    return groups, order.to(device), inverse.to(device)
 
 
 def _repeat_kv(x: Tensor, groups: int) -> Tensor:
     """[.., Hkv, D] -> [.., Hkv * groups, D] (grouped-query attention)."""
     return x if groups == 1 else x.repeat_interleave(groups, dim=-2)
+
+
+def _causal_mask(width: int, sliding_window: int | None, device: torch.device) -> Tensor:
+    """[width, width] bool: query i sees key j when 0 <= i - j (< sliding_window)."""
+    positions = torch.arange(width, device=device)
+    distance = positions[:, None] - positions[None, :]
+    mask = distance >= 0
+    return mask & (distance < sliding_window) if sliding_window is not None else mask
 
 
 def varlen_sdpa(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, scale: float | None = None,
@@ -66,26 +118,30 @@ def varlen_sdpa(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, s
     covering all N tokens -> [N, H, D]."""
     bounds = cu_seqlens.tolist()
     starts, lengths = tuple(bounds[:-1]), tuple(b - a for a, b in itertools.pairwise(bounds))
-    plan, inverse = _group_indices(starts, lengths, query.device)
+    groups, order, inverse = _plan(starts, lengths, query.device)
     key = _repeat_kv(key, query.shape[1] // key.shape[1])
     value = _repeat_kv(value, query.shape[1] // value.shape[1])
-    pieces = []
-    for index, valid in plan:
-        width = index.shape[1]
-        q, k, v = (t[index].transpose(1, 2) for t in (query, key, value))  # [count, H, L, D]
+    sorted_qkv = [_TakeRows.apply(t, order, inverse) for t in (query, key, value)]  # tokens in group order
+    pieces, offset = [], 0
+    for group in groups:
+        grid = group.count * group.width
+        size = grid if group.slots is None else group.slots.numel()
+        q, k, v = (t[offset:offset + size] if group.slots is None else _PutRows.apply(t[offset:offset + size],
+                                                                                       group.slots, grid)
+                   for t in sorted_qkv)
+        offset += size
+        q, k, v = (t.view(group.count, group.width, *t.shape[1:]).transpose(1, 2) for t in (q, k, v))
         mask = None
-        if valid is not None or (sliding_window is not None and sliding_window < width):
-            positions = torch.arange(width, device=query.device)
-            distance = positions[:, None] - positions[None, :]
-            mask = distance >= 0
-            if sliding_window is not None:
-                mask = mask & (distance < sliding_window)
-            mask = mask[None, None] if valid is None else mask[None, None] & valid[:, None, None, :]
+        if group.slots is not None or (sliding_window is not None and sliding_window < group.width):
+            mask = _causal_mask(group.width, sliding_window, query.device)[None, None]
+            if group.slots is not None:  # keys past a member's length are padding
+                keys = torch.zeros(grid, dtype=torch.bool, device=query.device).index_fill_(0, group.slots, True)
+                mask = mask & keys.view(group.count, 1, 1, group.width)
         out = torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, scale=scale)
-        out = out.transpose(1, 2)  # [count, L, H, D]
-        pieces.append(out.reshape(-1, *out.shape[2:]) if valid is None else out[valid])
-    return torch.cat(pieces)[inverse]
+        out = out.transpose(1, 2).reshape(grid, out.shape[1], out.shape[3])  # [count * L, H, D]
+        pieces.append(out if group.slots is None else _TakeRows.apply(out, group.slots))
+    return _TakeRows.apply(torch.cat(pieces), inverse, order)
 
 
 def sdpa_varlen_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
