@@ -47,9 +47,10 @@ class MegatronBackend(TrainingBackend):
         self.layout = current_layout()
         self.hf_config = AutoConfig.from_pretrained(os.path.expanduser(self.spec.path))
         opts = self.options
+        # trainer.gradient_checkpointing means whole-layer recompute here unless megatron_config names a granularity.
+        recompute = opts.recompute_granularity or ("full" if self.spec.gradient_checkpointing else None)
         config = transformer_config(self.hf_config, self.layout, opts.sequence_parallel,
-                                    opts.recompute_granularity if self.trainable else None,
-                                    opts.transformer_config_kwargs)
+                                    recompute if self.trainable else None, opts.transformer_config_kwargs)
         from megatron.core import parallel_state as ps
 
         model = build_gpt_model(self.hf_config, config, self.layout, ps.is_pipeline_first_stage(),

@@ -121,5 +121,5 @@ def check_colocation(cfg: Config, problems: Problems) -> None:
             "trainer.placement.colocate_all",
             f"is true but the reference placement {ref[0]}x{ref[1]} (ref_num_nodes x ref_num_gpus_per_node) "
             f"differs from the policy's {policy[0]}x{policy[1]}; set trainer.placement.ref_num_nodes="
-            f"{policy[0]} and trainer.placement.ref_num_gpus_per_node={policy[1]}, or colocate_all=false",
+            f"{policy[0]} and trainer.placement.ref_num_gpus_per_node={policy[1]} (or leave both null)",
         )

@@ -54,9 +54,9 @@ class PolicyConfig:
     """Strategies `fsdp` and `fsdp2` only."""
 
     sequence_parallel_size: int
-    """Ulysses sequence-parallel size for `fsdp`, `fsdp2` and `deepspeed`: each sequence is split over this many
-    ranks, and the data-parallel size is world / sequence_parallel_size. Must be 1 with `megatron` (use
-    `megatron_config` there)."""
+    """Ulysses sequence-parallel size (SkyRL's key): each sequence split over this many ranks, data-parallel size
+    world / sequence_parallel_size. Only 1 is accepted for now: no backend implements Ulysses yet. With `megatron`
+    use `megatron_config.sequence_parallel`."""
 
     megatron_config: MegatronConfig
     """Strategy `megatron` only."""
@@ -76,7 +76,8 @@ class PlacementConfig:
 
     colocate_all: bool
     """Put the policy, the reference model and the generator on the same devices and take turns. Needs the same
-    placement for policy and reference: leave ref_* null."""
+    placement for policy and reference: leave ref_* null. Only `true` is accepted for now: separate devices per
+    model are not implemented yet."""
 
     policy_num_nodes: int
     """Nodes of the policy's training group."""
@@ -97,8 +98,8 @@ class AlgorithmConfig:
     """Advantage estimation and the loss."""
 
     advantage_estimator: str
-    """One of `grpo`, `rloo`, `reinforce++`, `gae`. `grpo` and `rloo` compare samples of the same prompt, so they
-    need generator.n_samples_per_prompt >= 2."""
+    """One of `grpo`, `rloo`, `reinforce++` (and `gae`, refused until a backend trains a critic). `grpo` and `rloo`
+    compare samples of the same prompt, so they need generator.n_samples_per_prompt >= 2."""
 
     grpo_norm_by_std: bool
     """GRPO: divide each group's centred rewards by the group's standard deviation."""
@@ -177,7 +178,8 @@ class TrainerConfig:
     """Stop after this many training steps; `null` runs all `epochs`."""
 
     gradient_checkpointing: bool
-    """Recompute activations in backward to save memory (HF models; Megatron uses recompute_granularity)."""
+    """Recompute activations in backward to save memory. With `megatron` it means full (whole-layer) recompute
+    unless `trainer.policy.megatron_config.recompute_granularity` is set, which then decides."""
 
     seed: int
     """Seed of every random generator (data order, sampling, initialization), >= 0."""
@@ -231,7 +233,7 @@ class GeneratorConfig:
     """Rollout generation."""
 
     backend: str
-    """Generation engine: `hf` (transformers' generate) or `vllm`."""
+    """Generation engine: `hf` (transformers' generate); `vllm` is a known name, refused until its engine exists."""
 
     n_samples_per_prompt: int
     """Completions sampled per training prompt, >= 1 (>= 2 for `grpo` and `rloo`)."""

@@ -13,13 +13,15 @@ Rules (world = trainer.placement.policy_num_nodes * policy_num_gpus_per_node):
   supported by strategy fsdp; fsdp_size must divide its model's world; sequence_parallel_size must divide the world.
 - algorithm: grpo and rloo need n_samples_per_prompt >= 2.
 - placement: colocate_all needs equal policy and reference placements.
+- not yet supported (checks_support.py): generator.backend vllm, advantage_estimator gae, Ulysses
+  sequence_parallel_size > 1, colocate_all false.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from rl.core.config import checks_backends, checks_combos, checks_values
+from rl.core.config import checks_backends, checks_combos, checks_support, checks_values
 from rl.core.config.errors import Problems
 from rl.core.config.schema import Config
 
@@ -36,6 +38,7 @@ CHECKS: tuple[Callable[[Config, Problems], None], ...] = (
     checks_combos.check_colocation,
     checks_backends.check_backend_blocks,
     checks_backends.check_fsdp1_offload,
+    checks_support.check_unsupported,
 )
 
 

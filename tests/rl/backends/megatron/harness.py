@@ -77,9 +77,11 @@ def _one_step(info, strategy: str, options: dict, model_path: str, vocab: int) -
     from rl.backends.dist import all_reduce_sum
 
     torch.manual_seed(0)
+    options = dict(options)  # `gradient_checkpointing` is trainer.gradient_checkpointing, not a megatron_config key
     spec = ModelSpec(path=model_path, role="policy", temperature=1.0, lr=1e-2, max_grad_norm=1e9,
-                     backend_options=options)
+                     gradient_checkpointing=options.pop("gradient_checkpointing", False), backend_options=options)
     backend = build_backend(strategy, spec, info)
+    recompute = getattr(getattr(backend.model, "config", None), "recompute_granularity", None)
     batches, seqs = rank_batches(vocab, info.world_size)
     batch = batches[info.rank]
     logprobs = backend.logprobs(batch, with_entropy=True)
@@ -98,7 +100,8 @@ def _one_step(info, strategy: str, options: dict, model_path: str, vocab: int) -
 
         parallel_state.destroy_model_parallel()
     return {"metrics": summed, "logprobs": torch.cat([e[0] for e in everyone]),
-            "entropy": torch.cat([e[1] for e in everyone]), "grads": grads, "grad_norm": norm}
+            "entropy": torch.cat([e[1] for e in everyone]), "grads": grads, "grad_norm": norm,
+            "recompute_granularity": recompute}
 
 
 def _worker(rank: int, world: int, port: int, strategy: str, layouts: list[dict], model_path: str, vocab: int,

@@ -79,6 +79,7 @@ LAYOUTS = {
     "pp2": {"pipeline_model_parallel_size": 2},
     "tp2-sp": {"tensor_model_parallel_size": 2, "sequence_parallel": True},
     "tp2-recompute": {"tensor_model_parallel_size": 2, "recompute_granularity": "full"},
+    "tp2-gradient-checkpointing": {"tensor_model_parallel_size": 2, "gradient_checkpointing": True},
     "dp2": {},
 }
 
@@ -92,6 +93,13 @@ def qwen_layouts(qwen_path):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_model_parallel_layouts_match_single_rank(qwen_layouts, qwen_reference, layout):
     assert_same_step(qwen_layouts[layout], qwen_reference)
+
+
+def test_gradient_checkpointing_means_full_recompute(qwen_layouts, qwen_reference):
+    """trainer.gradient_checkpointing reaches megatron as whole-layer recompute; without it nothing recomputes."""
+    assert qwen_layouts["tp2-gradient-checkpointing"]["recompute_granularity"] == "full"
+    assert qwen_layouts["tp2"]["recompute_granularity"] is None
+    assert qwen_reference["recompute_granularity"] is None
 
 
 def test_expert_parallel_moe_matches_single_rank_and_fsdp2(mixtral_path):

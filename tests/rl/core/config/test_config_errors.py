@@ -202,6 +202,21 @@ BAD = {
         "generator.n_samples_per_prompt",
         ("leave-one-out",),
     ),
+    # known keys whose feature this version does not run yet
+    "vllm_engine": Bad(["generator.backend=vllm"], "generator.backend", ("no vLLM engine", "generator.backend=hf")),
+    "gae_without_critic": Bad(
+        ["trainer.algorithm.advantage_estimator=gae"], "trainer.algorithm.advantage_estimator", ("critic", "grpo")
+    ),
+    "ulysses": Bad(
+        [*WORLD_4, "trainer.policy.sequence_parallel_size=2", "trainer.micro_train_batch_size_per_gpu=2"],
+        "trainer.policy.sequence_parallel_size",
+        ("does not implement Ulysses", "set it to 1"),
+    ),
+    "not_colocated": Bad(
+        ["trainer.placement.colocate_all=false", "trainer.placement.policy_num_gpus_per_node=2"],
+        "trainer.placement.colocate_all",
+        ("set it to true",),
+    ),
     "colocated_with_different_placements": Bad(
         ["trainer.placement.policy_num_gpus_per_node=2", "trainer.placement.ref_num_gpus_per_node=1"],
         "trainer.placement.colocate_all",
@@ -330,15 +345,7 @@ def test_wrong_types_in_a_file_are_named(tmp_path):
             ["trainer.algorithm.advantage_estimator=reinforce++", "generator.n_samples_per_prompt=1"],
             id="reinforce_pp_one_sample",
         ),
-        pytest.param(["trainer.algorithm.advantage_estimator=gae"], id="gae"),
         pytest.param(["generator.eval_temperature=0"], id="greedy_eval"),
-        pytest.param(
-            ["trainer.placement.colocate_all=false", "trainer.placement.policy_num_gpus_per_node=2"], id="not_colocated"
-        ),
-        pytest.param(
-            [*WORLD_4, "trainer.policy.sequence_parallel_size=2", "trainer.micro_train_batch_size_per_gpu=2"],
-            id="ulysses_sp2",
-        ),
     ],
 )
 def test_valid_layouts_are_accepted(overrides):

@@ -27,7 +27,7 @@ def test_int_float_bool_string_overrides():
             "trainer.gradient_checkpointing=true",
             "trainer.use_sample_packing=false",
             "trainer.project_name=my-project",
-            "generator.backend=vllm",
+            "generator.top_k=5",
         ]
     )
     assert cfg.trainer.seed == 7
@@ -36,7 +36,7 @@ def test_int_float_bool_string_overrides():
     assert cfg.trainer.gradient_checkpointing is True
     assert cfg.trainer.use_sample_packing is False
     assert cfg.trainer.project_name == "my-project"
-    assert cfg.generator.backend == "vllm"
+    assert cfg.generator.top_k == 5
 
 
 def test_int_accepted_for_float_field_and_stored_as_float():

@@ -1,0 +1,40 @@
+"""Keys users bring from SkyRL and NeMo RL whose feature this version does not run yet.
+
+Each is refused when the config loads, naming the key and what to set instead: accepting the value would start a
+run that ignores it (a plain data-parallel run instead of Ulysses, a colocated one instead of separate devices) or
+that fails only after models, Ray and the first rollouts (a GAE step with no critic, a missing vLLM engine).
+"""
+
+from __future__ import annotations
+
+from rl.core.config.errors import Problems
+from rl.core.config.schema import Config
+
+
+def check_unsupported(cfg: Config, problems: Problems) -> None:
+    trainer = cfg.trainer
+    if cfg.generator.backend == "vllm":
+        problems.add(
+            "generator.backend",
+            "is vllm, but this version has no vLLM engine yet; use generator.backend=hf (Hugging Face generate)",
+        )
+    if trainer.algorithm.advantage_estimator == "gae":
+        problems.add(
+            "trainer.algorithm.advantage_estimator",
+            "is gae, which needs a critic (value model), and no backend trains one yet; choose grpo, rloo or "
+            "reinforce++",
+        )
+    size = trainer.policy.sequence_parallel_size
+    if trainer.strategy != "megatron" and size > 1:
+        problems.add(
+            "trainer.policy.sequence_parallel_size",
+            f"is {size}, but the {trainer.strategy} backend does not implement Ulysses sequence parallelism yet "
+            "(every rank would train whole sequences); set it to 1, or use trainer.strategy=megatron with "
+            "trainer.policy.megatron_config.sequence_parallel=true and TP > 1",
+        )
+    if not trainer.placement.colocate_all:
+        problems.add(
+            "trainer.placement.colocate_all",
+            "is false, but in this version the reference model runs on the policy's workers and the generation "
+            "engine in the driver, whatever the placement says; set it to true",
+        )
