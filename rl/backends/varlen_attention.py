@@ -73,12 +73,19 @@ class _PutRows(torch.autograd.Function):
 
 @dataclass(frozen=True)
 class _Group:
-    """`count` sequences padded to `width`; `slots` are their real tokens' rows in the flat [count * width] grid,
-    or None when every member has length `width` (the grid is then a plain view)."""
+    """`count` sequences padded to `width`. `slots`: their real tokens' rows in the flat [count * width] grid, and
+    `key_mask` [count, 1, 1, width]: which keys are real; both None when every member has length `width` (the grid
+    is then a plain view of the tokens)."""
 
     count: int
     width: int
+    tokens: int
     slots: Tensor | None
+    key_mask: Tensor | None
+
+    @property
+    def grid(self) -> int:
+        return self.count * self.width
 
 
 @functools.lru_cache(maxsize=16)
@@ -88,10 +95,11 @@ def _plan(starts: tuple[int, ...], lengths: tuple[int, ...], device: torch.devic
     groups, order = [], []
     for members in length_groups(lengths):
         width = lengths[members[0]]
-        count = torch.tensor([lengths[i] for i in members])[:, None]
-        valid = torch.arange(width)[None] < count
-        slots = None if bool(valid.all()) else valid.reshape(-1).nonzero().squeeze(-1).to(device)
-        groups.append(_Group(len(members), width, slots))
+        valid = torch.arange(width)[None] < torch.tensor([lengths[i] for i in members])[:, None]
+        full = bool(valid.all())
+        groups.append(_Group(len(members), width, int(valid.sum()),
+                             None if full else valid.reshape(-1).nonzero().squeeze(-1).to(device),
+                             None if full else valid[:, None, None, :].to(device)))
         order += [torch.arange(starts[i], starts[i] + lengths[i]) for i in members]
     order = torch.cat(order)
     inverse = torch.empty_like(order)
@@ -124,22 +132,19 @@ def varlen_sdpa(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, s
     sorted_qkv = [_TakeRows.apply(t, order, inverse) for t in (query, key, value)]  # tokens in group order
     pieces, offset = [], 0
     for group in groups:
-        grid = group.count * group.width
-        size = grid if group.slots is None else group.slots.numel()
-        q, k, v = (t[offset:offset + size] if group.slots is None else _PutRows.apply(t[offset:offset + size],
-                                                                                       group.slots, grid)
-                   for t in sorted_qkv)
-        offset += size
-        q, k, v = (t.view(group.count, group.width, *t.shape[1:]).transpose(1, 2) for t in (q, k, v))
+        rows = [t[offset:offset + group.tokens] for t in sorted_qkv]
+        offset += group.tokens
+        if group.slots is not None:
+            rows = [_PutRows.apply(r, group.slots, group.grid) for r in rows]
+        q, k, v = (r.view(group.count, group.width, *r.shape[1:]).transpose(1, 2) for r in rows)  # [count, H, L, D]
         mask = None
-        if group.slots is not None or (sliding_window is not None and sliding_window < group.width):
+        if group.key_mask is not None or (sliding_window is not None and sliding_window < group.width):
             mask = _causal_mask(group.width, sliding_window, query.device)[None, None]
-            if group.slots is not None:  # keys past a member's length are padding
-                keys = torch.zeros(grid, dtype=torch.bool, device=query.device).index_fill_(0, group.slots, True)
-                mask = mask & keys.view(group.count, 1, 1, group.width)
+            if group.key_mask is not None:  # keys past a member's length are padding
+                mask = mask & group.key_mask
         out = torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, scale=scale)
-        out = out.transpose(1, 2).reshape(grid, out.shape[1], out.shape[3])  # [count * L, H, D]
+        out = out.transpose(1, 2).reshape(group.grid, out.shape[1], out.shape[3])  # [count * L, H, D]
         pieces.append(out if group.slots is None else _TakeRows.apply(out, group.slots))
     return _TakeRows.apply(torch.cat(pieces), inverse, order)
 
