@@ -38,7 +38,10 @@ def load_datasets(cfg, train_paths: list[str], val_paths: list[str]):
 
 
 def make_engine(cfg, model_path: str, tokenizer):
-    return build_engine(cfg.generator.backend, model_path, tokenizer)
+    """The generation engine in the driver process: on the first GPU when there is one (colocated with the training
+    workers: the trainer offloads it to host memory while they work), else on the CPU."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return build_engine(cfg.generator.backend, model_path, tokenizer, device=device)
 
 
 def backend_options(cfg, role: str) -> dict:

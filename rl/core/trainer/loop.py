@@ -32,6 +32,7 @@ class Trainer:
         self.reward_fn = REWARD_FUNCTIONS.get(cfg.data.reward_fn)
         self.settings = LossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
         self.engine = components.make_engine(cfg, self.model_path, self.tokenizer)
+        print(f"generation: {cfg.generator.backend} engine on {self.engine.device}", flush=True)
         self.world = policy_world_size(cfg)
         self.group = components.make_worker_group(cfg, self.model_path, self.world)
         pad = self.tokenizer.pad_token_id or 0
@@ -76,7 +77,7 @@ class Trainer:
         cfg, started = self.cfg, time.perf_counter()
         records = self.next_prompts()
         prompts = [components.encode_prompt(self.tokenizer, r, cfg.generator.max_prompt_length) for r in records]
-        rollouts = self.engine.generate(prompts, components.sampling_params(cfg.generator, _seed(cfg, step)))
+        rollouts = self.generate(prompts, components.sampling_params(cfg.generator, _seed(cfg, step)))
         generated = time.perf_counter()
         rewards = score(rollouts, [r.answer for r in records], self.reward_fn)
         algo = cfg.trainer.algorithm
@@ -99,6 +100,15 @@ class Trainer:
                    response_length_mean=float(experience.response_lengths.float().mean()))
         return row
 
+    def generate(self, prompts: list[list[int]], params) -> list:
+        """Rollouts with the engine brought back for the call and offloaded afterwards, so that on a GPU the
+        training workers sharing its device have the memory while they run (on CPU both are bookkeeping only)."""
+        self.engine.reload()
+        try:
+            return self.engine.generate(prompts, params)
+        finally:
+            self.engine.offload()
+
     def sync_weights(self) -> None:
         state = self.group.call("full_state_dict")[0]
         self.engine.update_weights(state.items())
@@ -108,7 +118,7 @@ class Trainer:
         gen = self.cfg.generator
         records = list(self.val_set)
         prompts = [components.encode_prompt(self.tokenizer, r, gen.max_prompt_length) for r in records]
-        rollouts = self.engine.generate(prompts, components.sampling_params(gen, _seed(self.cfg, step), True))
+        rollouts = self.generate(prompts, components.sampling_params(gen, _seed(self.cfg, step), True))
         return float(score(rollouts, [r.answer for r in records], self.reward_fn).mean())
 
     def save_checkpoint(self, step: int) -> None:
