@@ -4,7 +4,7 @@
     python -m bench.packing_vs_padding --help
 
 One process, world size 1 (gloo), the production worker (`rl.backends.worker.TrainingWorker`) holding an fsdp2
-policy. A step is what `rl.core.trainer.policy_update` asks of a worker for one mini-batch: a forward pass for the
+policy. A step is what `rl.trainer.policy_update` asks of a worker for one mini-batch: a forward pass for the
 old logprobs over every micro-batch, then forward/backward over every micro-batch and one optimizer step (GRPO
 loss with the k3 KL term against fixed reference logprobs). Every layout gets the same sequences, drawn from a
 skewed length mix (many short, some long, shuffled, as GRPO rollouts are):
@@ -91,7 +91,7 @@ def build_worker(model_path: str, lr: float = 1e-5):
 
 
 def logprobs_into(worker, batching, sequences: list[dict], field: str) -> None:
-    from rl.core.trainer.batching import attach, gather
+    from rl.trainer.batching import attach, gather
 
     batches = batching.split(sequences)
     attach(sequences, field, gather(batches, [worker.logprobs(batches[0])], len(sequences)))
@@ -99,7 +99,7 @@ def logprobs_into(worker, batching, sequences: list[dict], field: str) -> None:
 
 def update_step(worker, batching, settings, sequences: list[dict]) -> dict[str, float]:
     """Old logprobs, then forward/backward over every micro-batch and one optimizer step."""
-    from rl.core.trainer.policy_update import normalizer
+    from rl.trainer.policy_update import normalizer
 
     logprobs_into(worker, batching, sequences, "old_logprobs")
     return worker.train_mini_batch(batching.split(sequences)[0], settings, normalizer(settings, sequences, 1))
@@ -116,7 +116,7 @@ def layout_stats(batching, sequences: list[dict]) -> dict[str, float]:
 def run(args: argparse.Namespace, model_dir: str) -> dict[str, dict]:
     from rl.backends.dist import init_distributed
     from rl.core.algorithms import LossSettings
-    from rl.core.trainer.batching import MicroBatching
+    from rl.trainer.batching import MicroBatching
 
     shape = ModelShape(args.hidden, args.layers, args.heads, args.intermediate, args.vocab_size,
                        max_positions=max(args.long[1], args.short[1]))

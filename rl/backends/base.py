@@ -1,4 +1,4 @@
-"""The interface every training strategy implements, and the registry that picks one by name.
+"""The interface every training strategy implements (the registry that picks one by name is `registry.py`).
 
 A backend owns one model (policy or reference) on one worker of an SPMD group. Everything a strategy does not
 change — logprobs from a `PackedBatch`, the shared loss from `rl.core.algorithms`, gradient accumulation, clipping,
@@ -17,9 +17,6 @@ from rl.backends.dist import DistInfo
 from rl.backends.hf_forward import batch_logprobs
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
 from rl.core.packing import PackedBatch
-from rl.core.registry import Registry
-
-BACKENDS: Registry[type[TrainingBackend]] = Registry("trainer.strategy")
 
 
 @dataclass(frozen=True)
@@ -121,7 +118,7 @@ class TrainingBackend(abc.ABC):
         """Adds this micro-batch's share of the mini-batch loss gradient; returns its share of the metrics.
         `last_micro_batch` marks the end of the accumulation window (the optimizer step follows)."""
         real = batch.num_tokens > 0
-        batch = (batch if real else _placeholder_batch()).to(self.dist.device)
+        batch = (batch if real else placeholder_batch()).to(self.dist.device)
         self.forward_module().train()
         logprobs, entropy = batch_logprobs(self.forward_module(), batch, self.spec.temperature,
                                            settings.use_entropy_loss, self.spec.kernels)
@@ -155,7 +152,7 @@ def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torc
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
 
 
-def _placeholder_batch() -> PackedBatch:
+def placeholder_batch() -> PackedBatch:
     """Two tokens, nothing in the loss: what a rank without sequences runs in a step."""
     from rl.core.packing import pack_sequences
 
@@ -163,11 +160,3 @@ def _placeholder_batch() -> PackedBatch:
         "input_ids": torch.zeros(2, dtype=torch.long), "loss_mask": torch.zeros(2, dtype=torch.bool),
         "advantages": torch.zeros(2), "old_logprobs": torch.zeros(2), "ref_logprobs": torch.zeros(2),
     }])
-
-
-def build_backend(strategy: str, spec: ModelSpec, dist_info: DistInfo) -> TrainingBackend:
-    import rl.backends.registered  # noqa: F401  (imports every strategy module so its entry is registered)
-
-    backend = BACKENDS.get(strategy)(spec, dist_info)
-    backend.build()
-    return backend

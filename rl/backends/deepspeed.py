@@ -14,7 +14,7 @@ import os
 import yaml
 from torch import Tensor
 
-from rl.backends.base import BACKENDS, TrainingBackend
+from rl.backends.base import TrainingBackend
 from rl.backends.hf_model import load_causal_lm
 
 DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "deepspeed_defaults.yaml")
@@ -38,7 +38,6 @@ def engine_config(section: str, user: dict, max_grad_norm: float, cuda: bool) ->
     return config
 
 
-@BACKENDS.register("deepspeed")
 class DeepSpeedBackend(TrainingBackend):
     def build(self) -> None:
         import deepspeed

@@ -16,10 +16,10 @@ from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-from rl.backends.base import BACKENDS, TrainingBackend
+from rl.backends.base import TrainingBackend
 from rl.backends.dcp_checkpoint import DCPCheckpointMixin
-from rl.backends.fsdp2 import decoder_layers, device_mesh
 from rl.backends.hf_model import load_causal_lm
+from rl.backends.mesh import decoder_layers, device_mesh
 
 
 def sharding_strategy(reshard_after_forward: bool, hybrid: bool) -> ShardingStrategy:
@@ -28,7 +28,6 @@ def sharding_strategy(reshard_after_forward: bool, hybrid: bool) -> ShardingStra
     return ShardingStrategy.FULL_SHARD if reshard_after_forward else ShardingStrategy.SHARD_GRAD_OP
 
 
-@BACKENDS.register("fsdp")
 class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
     def build(self) -> None:
         spec, device = self.spec, self.dist.device

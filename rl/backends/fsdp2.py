@@ -6,29 +6,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from rl.backends.base import BACKENDS, TrainingBackend
+from rl.backends.base import TrainingBackend
 from rl.backends.dcp_checkpoint import DCPCheckpointMixin
 from rl.backends.hf_model import load_causal_lm
+from rl.backends.mesh import decoder_layers, device_mesh
 
 
-def device_mesh(device: torch.device, world_size: int, fsdp_size: int) -> DeviceMesh:
-    if fsdp_size in (-1, world_size):
-        return init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
-    return init_device_mesh(device.type, (world_size // fsdp_size, fsdp_size), mesh_dim_names=("replicate", "shard"))
-
-
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer blocks of a Hugging Face causal LM (Qwen2/Llama/Mistral-style `model.layers`)."""
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__} has no `model.layers`: fsdp2 cannot find its decoder blocks")
-    return list(layers)
-
-
-@BACKENDS.register("fsdp2")
 class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
     def build(self) -> None:
         spec = self.spec

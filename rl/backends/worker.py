@@ -11,8 +11,9 @@ import socket
 
 import torch
 
-from rl.backends.base import ModelSpec, build_backend
+from rl.backends.base import ModelSpec
 from rl.backends.dist import all_reduce_sum, init_distributed
+from rl.backends.registry import build_backend
 from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.core.packing import PackedBatch
 

@@ -8,12 +8,11 @@ import sys
 
 from absl import app, flags
 
+from rl.backends.registry import STRATEGIES
 from rl.core.config import ConfigError, load_config
 
-STRATEGIES = ("fsdp", "fsdp2", "deepspeed", "megatron")
-
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("strategy", None, STRATEGIES, "Training backend; overrides trainer.strategy.")
+flags.DEFINE_enum("strategy", None, STRATEGIES.names(), "Training backend; overrides trainer.strategy.")
 flags.DEFINE_string("config", None, "YAML file layered over the defaults, before key=value overrides.")
 flags.DEFINE_string("run_dir", None, "Directory for the run's outputs (default: a new dated folder under runs/).")
 flags.DEFINE_string("ray_address", None, "Address of an existing Ray cluster to join (default: start a local one).")
@@ -35,7 +34,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"invalid configuration:\n{error}", file=sys.stderr)
         return 2
-    from rl.core.trainer.run import run_training
+    from rl.trainer.run import run_training
 
     try:
         run_training(cfg, FLAGS.run_dir, FLAGS.ray_address)

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rl.backends.base import BACKENDS, TrainingBackend, _placeholder_batch
+from rl.backends.base import TrainingBackend, placeholder_batch
 from rl.backends.megatron import batches as B
 from rl.backends.megatron import checkpoint as ckpt
 from rl.backends.megatron import optimizer as mopt
@@ -29,7 +29,6 @@ from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
 from rl.core.packing import PackedBatch
 
 
-@BACKENDS.register("megatron")
 class MegatronBackend(TrainingBackend):
     def build(self) -> None:
         with cpu_compat(self.dist.device):  # megatron-core runs only inside this scope (and _schedule's) on CPU
@@ -106,7 +105,7 @@ class MegatronBackend(TrainingBackend):
 
     @torch.no_grad()
     def logprobs(self, batch: PackedBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-        group = B.gather_group_batch(batch if batch.num_tokens else _placeholder_batch())
+        group = B.gather_group_batch(batch if batch.num_tokens else placeholder_batch())
         merged = group.batch.to(self.dist.device)
         self.model.eval()
 
@@ -125,7 +124,7 @@ class MegatronBackend(TrainingBackend):
 
     def forward_backward(self, batch: PackedBatch, settings: LossSettings, normalizer: LossNormalizer,
                          last_micro_batch: bool = True) -> dict[str, float]:
-        group = B.gather_group_batch(batch if batch.num_tokens else _placeholder_batch())
+        group = B.gather_group_batch(batch if batch.num_tokens else placeholder_batch())
         merged = group.batch.to(self.dist.device)
         self.model.train()
 

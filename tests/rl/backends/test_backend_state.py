@@ -8,9 +8,10 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from rl.backends.base import ModelSpec, build_backend
+from rl.backends.base import ModelSpec
 from rl.backends.dist import init_distributed
 from rl.backends.hf_model import save_hf_checkpoint
+from rl.backends.registry import build_backend
 from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.core.packing import pack_sequences
 from tests.testing.tiny_job import make_tiny_job

@@ -3,7 +3,7 @@ CPU) take the same first step: rollouts, loss, its parts and the gradient norm a
 
 import pytest
 
-from rl.core.trainer.metrics import read_metrics
+from rl.trainer.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 
 NONZERO = ["data.reward_fn=gsm8k_flexible", "trainer.algorithm.use_entropy_loss=true"]

@@ -73,8 +73,9 @@ def _full_grads(backend, strategy: str) -> dict[str, torch.Tensor]:
 
 
 def _one_step(info, strategy: str, options: dict, model_path: str, vocab: int) -> dict:
-    from rl.backends.base import ModelSpec, build_backend
+    from rl.backends.base import ModelSpec
     from rl.backends.dist import all_reduce_sum
+    from rl.backends.registry import build_backend
 
     torch.manual_seed(0)
     options = dict(options)  # `gradient_checkpointing` is trainer.gradient_checkpointing, not a megatron_config key
@@ -139,8 +140,9 @@ def _train_once(backend, batch, world: int) -> dict[str, float]:
 
 
 def _state_round_trip(info, options: dict, model_path: str, vocab: int, directory: str) -> dict:
-    from rl.backends.base import ModelSpec, build_backend
+    from rl.backends.base import ModelSpec
     from rl.backends.hf_model import save_hf_checkpoint
+    from rl.backends.registry import build_backend
 
     torch.manual_seed(0)
     world = info.world_size

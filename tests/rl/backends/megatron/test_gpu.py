@@ -8,9 +8,10 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from rl.backends.base import ModelSpec, build_backend
+from rl.backends.base import ModelSpec
 from rl.backends.dist import init_distributed
 from rl.backends.logits import token_logprobs
+from rl.backends.registry import build_backend
 from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.core.packing import pack_sequences
 from tests.rl.backends.megatron.harness import free_port, sequences

@@ -6,10 +6,10 @@ import os
 import pytest
 from transformers import AutoModelForCausalLM
 
-from rl.core.trainer.metrics import read_metrics
+from rl.trainer.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 
-# As in tests/rl/core/trainer/test_trainer_parity.py: a non-zero first-step gradient over the whole loss.
+# As in tests/rl/trainer/test_trainer_parity.py: a non-zero first-step gradient over the whole loss.
 NONZERO = ["data.reward_fn=gsm8k_flexible", "trainer.algorithm.use_entropy_loss=true"]
 COMPARED = ("loss", "pg_loss", "entropy", "grad_norm", "kl")
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from rl.core.algorithms import LossNormalizer, LossSettings
-from rl.core.trainer.batching import MicroBatching, attach, gather
-from rl.core.trainer.experience import Experience
-from rl.core.worker_group import WorkerGroup
+from rl.trainer.batching import MicroBatching, attach, gather
+from rl.trainer.experience import Experience
+from rl.trainer.worker_group import WorkerGroup
 
 
 def micro_batching(cfg, dp_size: int, pad_token_id: int, train: bool) -> MicroBatching:

@@ -6,8 +6,8 @@ import signal
 
 import pytest
 
-from rl.core.trainer import checkpoint
-from rl.core.trainer.metrics import read_metrics
+from rl.trainer import checkpoint
+from rl.trainer.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 
 STEPS = 3

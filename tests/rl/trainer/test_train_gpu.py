@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from rl.core.trainer.metrics import read_metrics
+from rl.trainer.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

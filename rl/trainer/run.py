@@ -6,7 +6,7 @@ import datetime
 import os
 
 from rl.core.config import save_config
-from rl.core.trainer.plots import plot_curves
+from rl.trainer.plots import plot_curves
 
 
 def default_run_dir() -> str:
@@ -30,8 +30,8 @@ def prepare_run_dir(run_dir: str, resume_mode: str) -> str:
 
 def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None) -> str:
     """Trains as configured; returns the run directory. Ray is shut down on success, error and Ctrl-C."""
-    from rl.core.trainer.loop import Trainer
-    from rl.core.worker_group import start_ray, stop_ray
+    from rl.trainer.loop import Trainer
+    from rl.trainer.worker_group import start_ray, stop_ray
 
     run_dir = prepare_run_dir(run_dir or default_run_dir(), cfg.trainer.resume_mode)
     save_config(cfg, os.path.join(run_dir, "config.yaml"))

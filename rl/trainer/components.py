@@ -10,7 +10,7 @@ import torch
 from rl.backends.base import ModelSpec
 from rl.core.data import PromptRecord, load_prompt_dataset
 from rl.core.generation import SamplingParams, build_engine
-from rl.core.worker_group import WorkerGroup
+from rl.trainer.worker_group import WorkerGroup
 
 
 def encode_prompt(tokenizer, record: PromptRecord, max_length: int) -> list[int]:

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rl.core.trainer.metrics import read_metrics
+from rl.trainer.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 
 STEPS = 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from rl.core.trainer.metrics import read_metrics
+from rl.trainer.metrics import read_metrics
 
 
 def plot_curves(run_dir: str) -> str:

@@ -12,12 +12,12 @@ from rl.core.algorithms import LossSettings
 from rl.core.config import config_to_dict, policy_world_size
 from rl.core.data import BatchPosition, batches_per_epoch, iter_batches
 from rl.core.rewards import REWARD_FUNCTIONS
-from rl.core.trainer import checkpoint, components
-from rl.core.trainer.experience import build_experience, score
-from rl.core.trainer.faults import crash_point
-from rl.core.trainer.metrics import MetricsLogger
-from rl.core.trainer.policy_update import compute_logprobs, is_on_policy, micro_batching, update_policy
-from rl.core.trainer.sources import resolve_sources
+from rl.trainer import checkpoint, components
+from rl.trainer.experience import build_experience, score
+from rl.trainer.faults import crash_point
+from rl.trainer.metrics import MetricsLogger
+from rl.trainer.policy_update import compute_logprobs, is_on_policy, micro_batching, update_policy
+from rl.trainer.sources import resolve_sources
 
 
 class Trainer:
