@@ -158,6 +158,7 @@ def run_ours(args: argparse.Namespace, model_path: str, train_path: str, workdir
 def gsm8k_flexible_for_trl():
     """The project's reward with TRL's reward-function signature (completions are chat turns)."""
     from rl.core.rewards import REWARD_FUNCTIONS
+    from rl.tasks import rewards as _task_rewards  # noqa: F401  (registers the tasks' reward functions)
 
     reward = REWARD_FUNCTIONS.get("gsm8k_flexible")
 

@@ -5,7 +5,7 @@
 
 The same job runs once per strategy (and per round) through the real launcher (`python -m rl.launch.train` in a
 subprocess, one Ray worker process per `--workers` on CPU, `trainer.placement.policy_num_gpus_per_node`), changing
-only `trainer.strategy`: the embedded tokenizer and a randomly initialised Llama from `rl.core.embedded` (no
+only `trainer.strategy`: the embedded tokenizer and a randomly initialised Llama from `rl.tasks.embedded` (no
 downloads), the synthetic arithmetic task, `--prompts_per_step` prompts x `--num_generations` samples per step,
 completions of at most `--max_generate_length` tokens, lr 1e-3, one mini-batch, micro-batches of 2 sequences,
 evaluation and checkpoints off, one seed for weights, data and sampling. As in the trainer parity tests, the reward
@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts_per_step", type=int, default=4, help="prompts per step (one mini-batch)")
     parser.add_argument("--num_generations", type=int, default=4, help="samples per prompt (group size)")
     parser.add_argument("--max_generate_length", type=int, default=12, help="most new tokens per sample")
-    parser.add_argument("--model_size", default="tiny", help="rl.core.embedded model size: tiny or small")
+    parser.add_argument("--model_size", default="tiny", help="rl.tasks.embedded model size: tiny or small")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights, the data and the run")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds before a run is stopped and marked failed")
     parser.add_argument(
@@ -99,7 +99,7 @@ class Job:
 
 def make_job(directory: str, args: argparse.Namespace) -> Job:
     """The embedded tokenizer, a random `--model_size` Llama and the synthetic task, written under `directory`."""
-    from rl.core.embedded import write_untrained_job
+    from rl.tasks.embedded import write_untrained_job
 
     rows = max(64, args.prompts_per_step * args.steps)
     job = write_untrained_job(directory, args.seed, n_train=rows, model_size=args.model_size)
@@ -207,7 +207,7 @@ def report(args: argparse.Namespace, outcomes: dict[str, Outcome]) -> str:
             ]
         )
     header = (
-        f"{args.model_size} Llama from rl.core.embedded; {args.prompts_per_step} prompts x {args.num_generations} "
+        f"{args.model_size} Llama from rl.tasks.embedded; {args.prompts_per_step} prompts x {args.num_generations} "
         f"samples per step, <= {args.max_generate_length} new tokens; {args.workers} worker(s); {args.steps} steps "
         f"per run (1 warm-up), {args.rounds} round(s); {os.cpu_count()} cores"
     )

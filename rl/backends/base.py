@@ -20,6 +20,16 @@ from rl.core.packing import PackedBatch
 
 
 @dataclass(frozen=True)
+class DataParallelRank:
+    """A worker's place in the data-parallel layout: ranks with the same `index` (a model-parallel group) run the
+    same micro-batches, and the one with `reports` set returns their results to the driver."""
+
+    size: int
+    index: int
+    reports: bool
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """What a backend builds: which weights, for which role, with which of the run's settings."""
 
@@ -102,6 +112,27 @@ class TrainingBackend(abc.ABC):
     def forward_module(self) -> nn.Module:
         """The module whose forward runs the wrapped model (a DeepSpeed engine, an FSDP module...)."""
         return self.model
+
+    # --- what the driver calls, once per data-parallel shard's micro-batches ----------------------------------
+    def data_parallel_rank(self) -> DataParallelRank:
+        """Where this worker sits among the data-parallel shards. Sharded data parallelism (FSDP, ZeRO): every
+        worker is its own shard and reports its own results."""
+        return DataParallelRank(size=self.dist.world_size, index=self.dist.rank, reports=True)
+
+    def logprobs_micro_batches(self, batches: list[PackedBatch], with_entropy: bool = False) -> list[Tensor] | None:
+        """Per micro-batch token logprobs of this rank's shard; None on a rank that does not report them."""
+        return [self.logprobs(batch, with_entropy)[0] for batch in batches]
+
+    def train_micro_batches(self, batches: list[PackedBatch], settings: LossSettings, normalizer: LossNormalizer
+                            ) -> dict[str, float] | None:
+        """Accumulates the gradients of this shard's micro-batches (the optimizer step follows); returns the
+        shard's share of the mini-batch metrics (summed over shards by the driver), or None on a rank that does
+        not report them."""
+        totals: dict[str, float] = {}
+        for i, batch in enumerate(batches):
+            for name, value in self.forward_backward(batch, settings, normalizer, i == len(batches) - 1).items():
+                totals[name] = totals.get(name, 0.0) + value
+        return totals
 
     @torch.no_grad()
     def logprobs(self, batch: PackedBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:

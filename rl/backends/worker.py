@@ -1,7 +1,8 @@
 """A training worker: one rank of the SPMD group, holding the policy (and the reference) backend.
 
-The driver calls the same method on every worker with that rank's micro-batches; the worker never looks at the
-strategy name beyond building its backends through the registry.
+The driver sends each data-parallel shard's micro-batches once to the ranks of that shard (its model-parallel group)
+and reads the results of the rank that reports them; the worker never looks at the strategy name beyond building its
+backends through the registry.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import socket
 
 import torch
 
-from rl.backends.base import ModelSpec
-from rl.backends.dist import all_reduce_sum, init_distributed
+from rl.backends.base import DataParallelRank, ModelSpec
+from rl.backends.dist import init_distributed
 from rl.backends.registry import build_backend
 from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.core.packing import PackedBatch
@@ -37,23 +38,20 @@ class TrainingWorker:
         self.policy = build_backend(strategy, policy, dist_info)
         self.ref = build_backend(strategy, ref, dist_info) if ref is not None else None
 
+    def data_parallel_rank(self) -> DataParallelRank:
+        return self.policy.data_parallel_rank()
+
     def logprobs(self, micro_batches: list[PackedBatch], model: str = "policy", with_entropy: bool = False
-                 ) -> list[torch.Tensor]:
+                 ) -> list[torch.Tensor] | None:
         backend = self.policy if model == "policy" else self.ref
-        return [backend.logprobs(batch, with_entropy)[0] for batch in micro_batches]
+        return backend.logprobs_micro_batches(micro_batches, with_entropy)
 
     def train_mini_batch(self, micro_batches: list[PackedBatch], settings: LossSettings, normalizer: LossNormalizer
-                         ) -> dict[str, float]:
-        """Accumulates gradients over the micro-batches, steps the optimizer, returns mini-batch metrics."""
-        totals: dict[str, float] = {}
-        for i, batch in enumerate(micro_batches):
-            last = i == len(micro_batches) - 1
-            for name, value in self.policy.forward_backward(batch, settings, normalizer, last).items():
-                totals[name] = totals.get(name, 0.0) + value
-        names = sorted(totals)
-        summed = dict(zip(names, all_reduce_sum([totals[n] for n in names], self.policy.dist.device), strict=True))
-        summed.update(self.policy.optimizer_step())
-        return summed
+                         ) -> tuple[dict[str, float] | None, dict[str, float]]:
+        """Accumulates gradients over this shard's micro-batches and steps the optimizer (collective); returns the
+        shard's metric sums (None where this rank does not report) and the step's grad norm and LR."""
+        metrics = self.policy.train_micro_batches(micro_batches, settings, normalizer)
+        return metrics, self.policy.optimizer_step()
 
     def save_checkpoint(self, path: str) -> None:
         self.policy.save_checkpoint(path)

@@ -13,7 +13,7 @@ import sys
 from absl import app, flags
 
 from rl.core.data.errors import DataError
-from rl.core.data.gsm8k import PrepareReport, read_gsm8k_dir, write_gsm8k
+from rl.tasks.gsm8k.data import PrepareReport, read_gsm8k_dir, write_gsm8k
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", None, "Folder to write train.parquet and validation.parquet into (~ expanded).")
@@ -24,7 +24,7 @@ flags.mark_flag_as_required("output_dir")
 def prepare(output_dir: str, input_dir: str | None = None) -> PrepareReport:
     """Read GSM8K (from `input_dir`, or the hub when None) and write both splits under `output_dir`."""
     if input_dir is None:
-        from rl.core.data.gsm8k_hub import load_gsm8k_from_hub
+        from rl.tasks.gsm8k.hub import load_gsm8k_from_hub
 
         splits = load_gsm8k_from_hub()
     else:

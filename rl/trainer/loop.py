@@ -12,6 +12,7 @@ from rl.core.algorithms import LossSettings
 from rl.core.config import config_to_dict, policy_world_size
 from rl.core.data import BatchPosition, batches_per_epoch, iter_batches
 from rl.core.rewards import REWARD_FUNCTIONS
+from rl.tasks import rewards as _task_rewards  # noqa: F401  (registers the tasks' reward functions)
 from rl.trainer import checkpoint, components
 from rl.trainer.experience import build_experience, score
 from rl.trainer.faults import crash_point
@@ -36,8 +37,8 @@ class Trainer:
         self.world = policy_world_size(cfg)
         self.group = components.make_worker_group(cfg, self.model_path, self.world)
         pad = self.tokenizer.pad_token_id or 0
-        self.forward_batching = micro_batching(cfg, self.world, pad, train=False)
-        self.train_batching = micro_batching(cfg, self.world, pad, train=True)
+        self.forward_batching = micro_batching(cfg, self.group.dp_size, pad, train=False)
+        self.train_batching = micro_batching(cfg, self.group.dp_size, pad, train=True)
         self.on_policy = is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size)
         self.ckpt_root = cfg.trainer.ckpt_path or os.path.join(run_dir, "checkpoints")
         self.metrics = MetricsLogger(run_dir, list(cfg.trainer.logger), cfg.trainer.project_name,

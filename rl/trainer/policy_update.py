@@ -9,6 +9,7 @@ from rl.trainer.worker_group import WorkerGroup
 
 
 def micro_batching(cfg, dp_size: int, pad_token_id: int, train: bool) -> MicroBatching:
+    """Micro-batches for `dp_size` data-parallel shards (the group's DP size, not its number of workers)."""
     trainer, gen = cfg.trainer, cfg.generator
     size = trainer.micro_train_batch_size_per_gpu if train else trainer.micro_forward_batch_size_per_gpu
     budget = trainer.max_tokens_per_micro_batch or size * (gen.max_prompt_length + gen.max_generate_length)
@@ -27,7 +28,7 @@ def compute_logprobs(group: WorkerGroup, batching: MicroBatching, experience: Ex
     passes = [("policy", "old_logprobs")] if not on_policy else []
     passes += [("ref", "ref_logprobs")] if has_ref else []
     for model, field in passes:
-        results = group.call_per_rank("logprobs", batches, model)
+        results = group.call_sharded("logprobs", batches, model)
         attach(experience.sequences, field, gather(batches, results, len(experience.sequences)))
 
 
@@ -46,14 +47,20 @@ def normalizer(settings: LossSettings, sequences: list[dict], dp_size: int) -> L
 
 def update_policy(group: WorkerGroup, batching: MicroBatching, settings: LossSettings, experience: Experience,
                   mini_batch_sequences: int) -> dict[str, float]:
-    """One optimizer step per mini-batch; returns the metrics averaged over mini-batches."""
+    """One optimizer step per mini-batch; returns the metrics averaged over mini-batches (each mini-batch's metrics
+    are the sum of its shards' shares)."""
     sequences = experience.sequences
     totals: dict[str, float] = {}
     starts = range(0, len(sequences), mini_batch_sequences)
     for start in starts:
         mini = sequences[start:start + mini_batch_sequences]
-        metrics = group.call_per_rank("train_mini_batch", batching.split(mini), settings,
-                                      normalizer(settings, mini, group.size))[0]
+        results = group.call_sharded("train_mini_batch", batching.split(mini), settings,
+                                     normalizer(settings, mini, group.dp_size))
+        metrics: dict[str, float] = {}
+        for shard, _ in results:  # a shard whose micro-batches were all empty reports only its zero loss
+            for name, value in shard.items():
+                metrics[name] = metrics.get(name, 0.0) + value
+        metrics.update(results[0][1])  # grad norm and LR: the same on every rank
         for name, value in metrics.items():
             totals[name] = totals.get(name, 0.0) + value / len(starts)
     return totals

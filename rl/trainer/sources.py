@@ -26,7 +26,7 @@ def uses_embedded(cfg) -> bool:
 def resolve_sources(cfg, run_dir: str) -> Sources:
     model_path, train, val = cfg.trainer.policy.model.path, list(cfg.data.train_data), list(cfg.data.val_data or [])
     if uses_embedded(cfg):
-        from rl.core.embedded.prepare import prepare_embedded_default
+        from rl.tasks.embedded.prepare import prepare_embedded_default
 
         job = prepare_embedded_default(os.path.join(run_dir, "embedded"), seed=cfg.trainer.seed)
         model_path = job.model_path if model_path == EMBEDDED else model_path

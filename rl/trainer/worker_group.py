@@ -9,9 +9,12 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from rl.backends.base import DataParallelRank
 
 # Unix socket paths must stay under 108 bytes, and Ray appends up to ~64 characters to its temp dir
 # (`/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store`); longer run dirs get a linked short temp dir.
@@ -50,6 +53,27 @@ def stop_ray() -> None:
         ray.shutdown()
 
 
+@dataclass(frozen=True)
+class DataParallelLayout:
+    """The group's data-parallel layout as the backends report it: which shard each rank runs, and which rank of
+    each shard returns its results."""
+
+    size: int
+    shard_of_rank: tuple[int, ...]
+    reporters: tuple[int, ...]  # reporters[d]: the rank that returns shard d's results
+
+    @classmethod
+    def of(cls, ranks: Sequence[DataParallelRank]) -> DataParallelLayout:
+        sizes = {r.size for r in ranks}
+        if len(sizes) != 1:
+            raise RuntimeError(f"workers disagree on the data-parallel size: {sorted(sizes)}")
+        size = sizes.pop()
+        reporters = [[rank for rank, r in enumerate(ranks) if r.index == shard and r.reports] for shard in range(size)]
+        if any(len(found) != 1 for found in reporters):
+            raise RuntimeError(f"each data-parallel shard needs exactly one reporting rank, got {reporters}")
+        return cls(size, tuple(r.index for r in ranks), tuple(found[0] for found in reporters))
+
+
 class WorkerGroup:
     """`num_workers` TrainingWorker actors; `call` runs one method on all of them and returns rank-ordered results."""
 
@@ -72,16 +96,26 @@ class WorkerGroup:
 
         host, port = ray.get(self.actors[0].address.remote())
         self.call("setup", host, port, strategy, policy_spec, ref_spec)
+        self.layout = DataParallelLayout.of(self.call("data_parallel_rank"))
+
+    @property
+    def dp_size(self) -> int:
+        return self.layout.size
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         import ray
 
         return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.actors])
 
-    def call_per_rank(self, method: str, per_rank: Sequence[Any], *args: Any) -> list[Any]:
-        """Rank r gets per_rank[r] as its first argument."""
+    def call_sharded(self, method: str, shards: Sequence[Any], *args: Any) -> list[Any]:
+        """Runs `method(shards[d], *args)` on every rank of data-parallel shard d; each shard goes into Ray's object
+        store once and is read by the ranks of its model-parallel group. Returns the reporting rank's result of
+        each shard, in shard order."""
         import ray
 
-        if len(per_rank) != self.size:
-            raise ValueError(f"{method}: got {len(per_rank)} per-rank inputs for {self.size} workers")
-        return ray.get([getattr(a, method).remote(item, *args) for a, item in zip(self.actors, per_rank, strict=True)])
+        if len(shards) != self.dp_size:
+            raise ValueError(f"{method}: got {len(shards)} shards for a data-parallel size of {self.dp_size}")
+        refs = [ray.put(shard) for shard in shards]
+        results = ray.get([getattr(actor, method).remote(refs[shard], *args)
+                           for actor, shard in zip(self.actors, self.layout.shard_of_rank, strict=True)])
+        return [results[rank] for rank in self.layout.reporters]

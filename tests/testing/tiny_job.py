@@ -33,7 +33,7 @@ class TinyJob:
 
 
 def make_tiny_job(directory: str, seed: int = 0) -> TinyJob:
-    from rl.core.embedded import write_untrained_job
+    from rl.tasks.embedded import write_untrained_job
 
     job = write_untrained_job(directory, seed)
     return TinyJob(model_path=str(job.model_path), train_data=str(job.train_data), val_data=str(job.val_data))

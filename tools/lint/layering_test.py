@@ -1,4 +1,5 @@
-"""Layers point one way: rl/launch -> rl/trainer (the driver) -> rl/backends -> rl/kernels and rl/core (pure).
+"""Layers point one way: rl/launch -> rl/trainer (the driver) -> rl/backends -> rl/kernels and rl/core (pure); the
+tasks (rl/tasks: datasets, rewards, the embedded job) sit beside the backends, under the driver and above rl/core.
 
 Checks the real source tree (found through the pyproject.toml data dependency, as lint_test does) for imports, and
 the BUILD files for dependencies, that point up a layer, and for import cycles among the backend modules. Imports
@@ -13,10 +14,11 @@ import pytest
 
 # Which packages each layer may not reach, and why.
 FORBIDDEN = {
-    "rl/core": ("rl.backends", "rl.trainer", "rl.launch", "rl.kernels"),
+    "rl/core": ("rl.backends", "rl.trainer", "rl.launch", "rl.kernels", "rl.tasks"),
     "rl/kernels": ("rl.backends", "rl.trainer", "rl.launch"),
     "rl/backends": ("rl.trainer", "rl.launch"),
     "rl/trainer": ("rl.launch",),
+    "rl/tasks": ("rl.trainer", "rl.launch"),
 }
 
 

@@ -1,7 +1,8 @@
 """Strategy `megatron`: a megatron-core GPTModel with TP/PP/EP/SP, fed the shared PackedBatch as THD sequences.
 
-Every call runs megatron's forward-backward schedule (1F1B with PP > 1) over the model-parallel group's tokens as
-one micro-batch; logprobs come from the vocab-parallel logits; the loss is `rl.core.algorithms.compute_policy_loss`.
+The TP x PP ranks of a model-parallel group form one data-parallel shard (`data_parallel_rank`): the driver sends them
+the same micro-batches, and each call runs megatron's forward-backward schedule over all of them (1F1B overlap of the
+stages with PP > 1); logprobs come from the vocab-parallel logits; the loss is `rl.core.algorithms.compute_policy_loss`.
 Training uses megatron-core's own machinery on every device (optimizer.py), on CPU through cpu_compat.py: its
 DistributedDataParallel grad buffers, `finalize_model_grads`, the distributed optimizer (ZeRO-1 over DP, torch AdamW
 inside) and its grad norm and clipping, with the base class's LR warm-up. With `optimizer_cpu_offload` megatron's
@@ -12,13 +13,13 @@ gathered over DP (checkpoint.py).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
-from rl.backends.base import TrainingBackend, placeholder_batch
+from rl.backends.base import DataParallelRank, TrainingBackend, placeholder_batch
 from rl.backends.megatron import batches as B
 from rl.backends.megatron import checkpoint as ckpt
 from rl.backends.megatron import optimizer as mopt
@@ -87,74 +88,91 @@ class MegatronBackend(TrainingBackend):
                                           self.hf_config.vocab_size, self.spec.temperature, with_entropy)
         return PackedBatch.align_to_targets(lp), (PackedBatch.align_to_targets(ent) if ent is not None else None)
 
-    def _schedule(self, batch: PackedBatch, loss_func, forward_only: bool) -> list:
-        """Megatron's forward-backward schedule over one micro-batch; loss_func's dicts on the last stage."""
+    def _schedule(self, batches: list[PackedBatch], loss_func, forward_only: bool) -> list:
+        """Megatron's forward-backward schedule over all `batches` as its micro-batches (1F1B overlap of the stages
+        with PP > 1); `loss_func(i, logits)` scores micro-batch i. Returns its results on the last stage."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        ids, pos, params = B.thd_inputs(batch, B.pad_multiple(self.layout.tp, self.options.sequence_parallel),
-                                        self.dist.device)
+        lengths = B.padded_lengths(batches, B.pad_multiple(self.layout.tp, self.options.sequence_parallel),
+                                   same=self.layout.pp > 1)
+        inputs = [B.thd_inputs(batch, length, self.dist.device) for batch, length in zip(batches, lengths,
+                                                                                           strict=True)]
 
-        def forward_step(_data_iterator, model):
-            return model(ids, pos, None, packed_seq_params=params), loss_func
+        def forward_step(data_iterator, model):
+            i = next(data_iterator)
+            ids, pos, params = inputs[i]
+            return model(ids, pos, None, packed_seq_params=params), functools.partial(loss_func, i)
 
         with cpu_compat(self.dist.device):
             return get_forward_backward_func()(
-                forward_step_func=forward_step, data_iterator=iter([None]), model=[self.forward_module()],
-                num_microbatches=1,
-                seq_length=ids.shape[1], micro_batch_size=1, forward_only=forward_only)
+                forward_step_func=forward_step, data_iterator=iter(range(len(batches))),
+                model=[self.forward_module()], num_microbatches=len(batches), seq_length=max(lengths),
+                micro_batch_size=1, forward_only=forward_only)
+
+    def data_parallel_rank(self) -> DataParallelRank:
+        """TP x PP ranks share one data-parallel shard; its last pipeline stage's first TP rank reports."""
+        from megatron.core import parallel_state as ps
+
+        return DataParallelRank(size=ps.get_data_parallel_world_size(), index=ps.get_data_parallel_rank(),
+                                reports=ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0)
 
     @torch.no_grad()
-    def logprobs(self, batch: PackedBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-        group = B.gather_group_batch(batch if batch.num_tokens else placeholder_batch())
-        merged = group.batch.to(self.dist.device)
+    def _forward_only(self, batches: list[PackedBatch], with_entropy: bool) -> list[dict] | None:
+        batches = [(b if b.num_tokens else placeholder_batch()).to(self.dist.device) for b in batches]
         self.model.eval()
 
-        def loss_func(logits):
-            lp, ent = self._token_logprobs(logits, merged, with_entropy)
-            return logits.new_zeros(()), {"lp": lp, "ent": ent}
+        def loss_func(i, logits):
+            lp, ent = self._token_logprobs(logits, batches[i], with_entropy)
+            return logits.new_zeros(()), {"lp": lp.float().cpu(), "ent": ent.float().cpu() if with_entropy else None}
 
-        out = self._schedule(merged, loss_func, forward_only=True)
-        n = merged.num_tokens
-        lp = B.broadcast_from_last_stage(out[0]["lp"] if out else None, (n,), self.dist.device)
-        ent = None
-        if with_entropy:
-            ent = B.broadcast_from_last_stage(out[0]["ent"] if out else None, (n,), self.dist.device)
-        mine = slice(group.start, group.start + batch.num_tokens)
-        return lp[mine].float().cpu(), (ent[mine].float().cpu() if ent is not None else None)
+        out = self._schedule(batches, loss_func, forward_only=True)
+        return out if self.data_parallel_rank().reports else None
+
+    def logprobs_micro_batches(self, batches: list[PackedBatch], with_entropy: bool = False) -> list[Tensor] | None:
+        out = self._forward_only(batches, with_entropy)
+        return None if out is None else [o["lp"][:b.num_tokens] for o, b in zip(out, batches, strict=True)]
+
+    def logprobs(self, batch: PackedBatch, with_entropy: bool = False) -> tuple[Tensor | None, Tensor | None]:
+        """One micro-batch's (logprobs, entropy) on the reporting rank; (None, None) on the others."""
+        out = self._forward_only([batch], with_entropy)
+        if out is None:
+            return None, None
+        n = batch.num_tokens
+        return out[0]["lp"][:n], (out[0]["ent"][:n] if with_entropy else None)
+
+    def train_micro_batches(self, batches: list[PackedBatch], settings: LossSettings, normalizer: LossNormalizer
+                            ) -> dict[str, float] | None:
+        real = [b.num_tokens > 0 for b in batches]
+        batches = [(b if b.num_tokens else placeholder_batch()).to(self.dist.device) for b in batches]
+        self.model.train()
+
+        def loss_func(i, logits):
+            batch = batches[i]
+            lp, ent = self._token_logprobs(logits, batch, settings.use_entropy_loss)
+            loss, metrics = compute_policy_loss(
+                settings, lp, batch.old_logprobs, batch.advantages, batch.loss_mask, normalizer,
+                ref_logprobs=batch.ref_logprobs, entropy=ent, seq_ids=batch.token_seq_ids(),
+                num_sequences=batch.num_sequences)
+            report = {name: float(value) for name, value in metrics.items()} if real[i] else {}
+            report["loss"] = float(loss.detach()) / normalizer.dp_world_size if real[i] else 0.0
+            # The loss is already this micro-batch's share of the mini-batch loss (normalised by the plan over every
+            # shard); the schedule divides each micro-batch's loss by their number, which this undoes. Megatron's
+            # DDP averages the gradients over the normalizer's dp_world_size shards, which the loss undoes.
+            return loss * (len(batches) if real[i] else 0.0), report
+
+        out = self._schedule(batches, loss_func, forward_only=False)
+        if not self.data_parallel_rank().reports:
+            return None
+        totals: dict[str, float] = {}
+        for report in out:
+            for name, value in report.items():
+                totals[name] = totals.get(name, 0.0) + value
+        return totals
 
     def forward_backward(self, batch: PackedBatch, settings: LossSettings, normalizer: LossNormalizer,
                          last_micro_batch: bool = True) -> dict[str, float]:
-        group = B.gather_group_batch(batch if batch.num_tokens else placeholder_batch())
-        merged = group.batch.to(self.dist.device)
-        self.model.train()
-
-        def loss_func(logits):
-            lp, ent = self._token_logprobs(logits, merged, settings.use_entropy_loss)
-            loss, metrics = compute_policy_loss(
-                settings, lp, merged.old_logprobs, merged.advantages, merged.loss_mask, normalizer,
-                ref_logprobs=merged.ref_logprobs, entropy=ent, seq_ids=merged.token_seq_ids(),
-                num_sequences=merged.num_sequences)
-            report = {name: float(value) for name, value in metrics.items()}
-            report["loss"] = float(loss.detach()) / normalizer.dp_world_size
-            # The loss undoes a gradient average over the normalizer's dp_world_size workers; megatron's DDP averages
-            # over its own DP replicas (world / (TP * PP): each ran a TP * PP group's tokens), so rescale to those.
-            return loss * (self._megatron_dp_size() / normalizer.dp_world_size), report
-
-        out = self._schedule(merged, loss_func, forward_only=False)
-        report = [out[0] if out else None]
-        from megatron.core import parallel_state as ps
-
-        if ps.get_pipeline_model_parallel_world_size() > 1:
-            dist.broadcast_object_list(report, src=ps.get_pipeline_model_parallel_last_rank(),
-                                       group=ps.get_pipeline_model_parallel_group())
-        # Every rank of the model-parallel group ran the group's tokens: each reports its 1/size share.
-        return {name: value / group.group_size for name, value in report[0].items()}
-
-    @staticmethod
-    def _megatron_dp_size() -> int:
-        from megatron.core import parallel_state as ps
-
-        return ps.get_data_parallel_world_size(with_context_parallel=True)
+        """One micro-batch; its metrics on the reporting rank, {} on the others."""
+        return self.train_micro_batches([batch], settings, normalizer) or {}
 
     # --- optimizer --------------------------------------------------------------------------------------------
     def clip_grad_norm(self) -> float:

@@ -1,4 +1,4 @@
-"""Prompt datasets: loading parquet/jsonl prompt files, resumable seeded batching, and GSM8K preparation."""
+"""Prompt datasets: loading parquet/jsonl prompt files and resumable seeded batching."""
 
 from rl.core.data.batching import BatchPosition, PromptBatch, batches_per_epoch, epoch_order, iter_batches
 from rl.core.data.errors import DataError

@@ -12,8 +12,8 @@ import pytest
 
 import rl
 from rl.core.data import DataError
-from rl.core.data.shared_data import find_shared_gsm8k
 from rl.launch.prepare_gsm8k import prepare
+from rl.tasks.gsm8k.shared_data import find_shared_gsm8k
 
 GOOD = {"question": "What is 2+3?", "answer": "2+3=5\n#### 5"}
 OTHER = {"question": "And 10*100?", "answer": "10*100=1000\n#### 1,000"}

@@ -1,7 +1,7 @@
 """Runs one training step of a strategy in `world` gloo processes and returns what rank 0 saw.
 
-Every rank gets its own sequences (as the trainer's data-parallel split does). The result holds the loss and
-metrics summed over ranks, per-token logprobs of every sequence, full gradients in Hugging Face naming and the
+Every data-parallel shard gets its own sequences (as the driver's split does). The result holds the loss and
+metrics summed over shards, per-token logprobs of every sequence, full gradients in Hugging Face naming and the
 global grad norm, so runs of different strategies and layouts can be compared tensor by tensor.
 """
 
@@ -34,10 +34,23 @@ def sequences(vocab: int) -> list[dict]:
     return out
 
 
-def rank_batches(vocab: int, world: int):
+def shard_batches(vocab: int, dp_size: int, micro_batches: int = 1):
+    """The sequences split into `dp_size` contiguous shards, each cut into `micro_batches` packed micro-batches."""
     seqs = sequences(vocab)
-    per_rank = len(seqs) // world
-    return [pack_sequences(seqs[r * per_rank:(r + 1) * per_rank]) for r in range(world)], seqs
+    per_shard = len(seqs) // dp_size
+    shards = []
+    for shard in range(dp_size):
+        mine = seqs[shard * per_shard:(shard + 1) * per_shard]
+        per_micro = -(-len(mine) // micro_batches)
+        shards.append([pack_sequences(mine[m * per_micro:(m + 1) * per_micro]) for m in range(micro_batches)])
+    return shards, seqs
+
+
+def reported(value, layout):
+    """Every rank's (layout, value), gathered; the reporting ranks' values in shard order."""
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (layout, value))
+    return [v for lay, v in sorted((e for e in everyone if e[0].reports), key=lambda e: e[0].index)]
 
 
 def free_port() -> int:
@@ -73,36 +86,40 @@ def _full_grads(backend, strategy: str) -> dict[str, torch.Tensor]:
 
 
 def _one_step(info, strategy: str, options: dict, model_path: str, vocab: int) -> dict:
+    """One step as the driver runs it: each data-parallel shard's sequences go to the ranks of that shard (as
+    `micro_batches` micro-batches: `options["micro_batches"]`, default 1), results come from the reporting ranks."""
     from rl.backends.base import ModelSpec
-    from rl.backends.dist import all_reduce_sum
     from rl.backends.registry import build_backend
 
     torch.manual_seed(0)
     options = dict(options)  # `gradient_checkpointing` is trainer.gradient_checkpointing, not a megatron_config key
+    micro_batches = options.pop("micro_batches", 1)
     spec = ModelSpec(path=model_path, role="policy", temperature=1.0, lr=1e-2, max_grad_norm=1e9,
                      gradient_checkpointing=options.pop("gradient_checkpointing", False), backend_options=options)
     backend = build_backend(strategy, spec, info)
     recompute = getattr(getattr(backend.model, "config", None), "recompute_granularity", None)
-    batches, seqs = rank_batches(vocab, info.world_size)
-    batch = batches[info.rank]
-    logprobs = backend.logprobs(batch, with_entropy=True)
+    layout = backend.data_parallel_rank()
+    shards, seqs = shard_batches(vocab, layout.size, micro_batches)
+    mine = shards[layout.index]
+    logprobs = [backend.logprobs(batch, with_entropy=True) for batch in mine]
     settings = LossSettings(use_kl_loss=False, entropy_loss_coef=0.01, use_entropy_loss=True)
     tokens = sum(int(s["loss_mask"].sum()) for s in seqs)
-    normalizer = LossNormalizer.from_counts("token_mean", tokens, len(seqs), dp_world_size=info.world_size)
-    metrics = backend.forward_backward(batch, settings, normalizer)
-    names = sorted(metrics)
-    summed = dict(zip(names, all_reduce_sum([metrics[n] for n in names], info.device), strict=True))
+    normalizer = LossNormalizer.from_counts("token_mean", tokens, len(seqs), dp_world_size=layout.size)
+    metrics = backend.train_micro_batches(mine, settings, normalizer)
+    summed: dict[str, float] = {}
+    for shard_metrics in reported(metrics, layout):
+        for name, value in shard_metrics.items():
+            summed[name] = summed.get(name, 0.0) + value
     norm = backend.clip_grad_norm()
     grads = _full_grads(backend, strategy)
-    everyone: list = [None] * info.world_size
-    dist.all_gather_object(everyone, (logprobs[0], logprobs[1]))
+    shard_logprobs = reported(logprobs, layout)
     if strategy == "megatron":  # the next layout builds its own parallel state
         from megatron.core import parallel_state
 
         parallel_state.destroy_model_parallel()
-    return {"metrics": summed, "logprobs": torch.cat([e[0] for e in everyone]),
-            "entropy": torch.cat([e[1] for e in everyone]), "grads": grads, "grad_norm": norm,
-            "recompute_granularity": recompute}
+    return {"metrics": summed, "logprobs": torch.cat([lp for shard in shard_logprobs for lp, _ in shard]),
+            "entropy": torch.cat([ent for shard in shard_logprobs for _, ent in shard]), "grads": grads,
+            "grad_norm": norm, "recompute_granularity": recompute, "dp_size": layout.size}
 
 
 def _worker(rank: int, world: int, port: int, strategy: str, layouts: list[dict], model_path: str, vocab: int,
@@ -130,11 +147,15 @@ def run_step(strategy: str, model_path: str, vocab: int, world: int = 2, options
     return run_steps(strategy, model_path, vocab, world, [options or {}])[0]
 
 
-def _train_once(backend, batch, world: int) -> dict[str, float]:
+def _train_once(backend, batch) -> dict[str, float]:
+    """One step with `batch` on every data-parallel shard; the metrics of shard 0's reporting rank."""
+    layout = backend.data_parallel_rank()
     settings = LossSettings(use_kl_loss=False)
-    tokens = int(batch.loss_mask.sum()) * world  # every rank's batch has the same loss-token count here
-    normalizer = LossNormalizer.from_counts("token_mean", tokens, batch.num_sequences * world, dp_world_size=world)
-    metrics = backend.forward_backward(batch, settings, normalizer)
+    tokens = int(batch.loss_mask.sum()) * layout.size
+    normalizer = LossNormalizer.from_counts("token_mean", tokens, batch.num_sequences * layout.size,
+                                            dp_world_size=layout.size)
+    metrics = backend.train_micro_batches([batch], settings, normalizer)
+    metrics = reported(metrics, layout)[0]
     metrics.update(backend.optimizer_step())
     return metrics
 
@@ -145,7 +166,6 @@ def _state_round_trip(info, options: dict, model_path: str, vocab: int, director
     from rl.backends.registry import build_backend
 
     torch.manual_seed(0)
-    world = info.world_size
     spec = ModelSpec(path=model_path, role="policy", temperature=1.0, lr=1e-2, lr_warmup_steps=3,
                      backend_options=options)
     batch = pack_sequences(sequences(vocab)[:4])  # the same batch on every rank
@@ -153,14 +173,14 @@ def _state_round_trip(info, options: dict, model_path: str, vocab: int, director
     optimizer_numel = sum(p.numel() for opt in first.optimizer.torch_optimizers()
                           for group in opt.param_groups for p in group["params"])
     weights_numel = sum(p.numel() for p in first.model.parameters())
-    _train_once(first, batch, world)
+    _train_once(first, batch)
     first.save_checkpoint(os.path.join(directory, "ckpt"))
-    expected = _train_once(first, batch, world)
+    expected = _train_once(first, batch)
     expected_state = first.full_state_dict()
-    trained_logprobs = first.logprobs(batch)[0]
+    trained_logprobs = reported(first.logprobs(batch)[0], first.data_parallel_rank())[0]
     second = build_backend("megatron", spec, info)
     second.load_checkpoint(os.path.join(directory, "ckpt"))
-    got = _train_once(second, batch, world)
+    got = _train_once(second, batch)
     got_state = second.full_state_dict()
     export = os.path.join(directory, "export")
     if info.rank == 0:

@@ -17,7 +17,7 @@ VOCAB = 61
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    from rl.core.embedded.tokenizer import build_tokenizer
+    from rl.tasks.embedded.tokenizer import build_tokenizer
 
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -86,7 +86,7 @@ def test_distributed_optimizer_shards_its_state_over_data_parallel_ranks(results
 
 def test_expert_parallel_checkpoint_restores_training(tmp_path_factory):
     """EP=2: a chain of two distributed optimizers (dense over DP=2, experts over expert-DP=1)."""
-    from rl.core.embedded.tokenizer import build_tokenizer
+    from rl.tasks.embedded.tokenizer import build_tokenizer
 
     torch.manual_seed(0)
     config = MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

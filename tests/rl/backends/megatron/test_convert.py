@@ -87,7 +87,7 @@ def _run_convert(*args):
 
 @pytest.mark.parametrize(("name", "layout"), [("qwen2-tied", ("--tp=2", "--pp=2")), ("mixtral", ("--tp=2", "--ep=2"))])
 def test_launcher_output_loads_in_transformers_with_the_same_logits(tmp_path, name, layout):
-    from rl.core.embedded.tokenizer import build_tokenizer
+    from rl.tasks.embedded.tokenizer import build_tokenizer
 
     model = _model(name)
     source = str(tmp_path / "hf")

@@ -1,6 +1,7 @@
 """Parity suite: one training step of the megatron backend under TP=2, PP=2, SP, full recompute, DP=2 and EP=2
-(2 gloo processes) gives the loss, logprobs, entropy, gradients and grad norm of TP=PP=EP=1 (one process), of the
-fsdp2 backend (2 processes), and per-token logprobs of transformers run on each sequence alone."""
+(2 gloo processes), with one or several micro-batches per schedule, and TP=2 x PP=2 (4 processes), gives the loss,
+logprobs, entropy, gradients and grad norm of TP=PP=EP=1 (one process), of the fsdp2 backend (2 processes), and
+per-token logprobs of transformers run on each sequence alone."""
 
 import pytest
 import torch
@@ -81,6 +82,9 @@ LAYOUTS = {
     "tp2-recompute": {"tensor_model_parallel_size": 2, "recompute_granularity": "full"},
     "tp2-gradient-checkpointing": {"tensor_model_parallel_size": 2, "gradient_checkpointing": True},
     "dp2": {},
+    "pp2-4-micro-batches": {"pipeline_model_parallel_size": 2, "micro_batches": 4},
+    "tp2-4-micro-batches": {"tensor_model_parallel_size": 2, "micro_batches": 4},
+    "dp2-2-micro-batches": {"micro_batches": 2},
 }
 
 
@@ -93,6 +97,23 @@ def qwen_layouts(qwen_path):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_model_parallel_layouts_match_single_rank(qwen_layouts, qwen_reference, layout):
     assert_same_step(qwen_layouts[layout], qwen_reference)
+
+
+def test_model_parallel_ranks_form_one_data_parallel_shard(qwen_layouts):
+    """The driver sends one shard per TP x PP group: DP = world / (TP * PP)."""
+    assert {name: result["dp_size"] for name, result in qwen_layouts.items()} == {
+        name: 2 if name.startswith("dp2") else 1 for name in LAYOUTS}
+
+
+def test_tp2_pp2_on_four_workers_matches_fsdp2(qwen_path, qwen_reference):
+    """TP=2 x PP=2 (one shard, 4 micro-batches through the 1F1B schedule) against fsdp2 on 2 workers."""
+    result = run_step("megatron", qwen_path, VOCAB, world=4, options={
+        "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "micro_batches": 4})
+    assert result["dp_size"] == 1
+    assert_same_step(result, qwen_reference)
+    fsdp2 = run_step("fsdp2", qwen_path, VOCAB, world=2, options={"micro_batches": 2})
+    fsdp2["grads"].pop("lm_head.weight", None)  # tied: fsdp2 lists the shared tensor once
+    assert_same_step(result, fsdp2)
 
 
 def test_gradient_checkpointing_means_full_recompute(qwen_layouts, qwen_reference):

@@ -1,7 +1,7 @@
 """Locating the shared GSM8K copy: $RL_SHARED_DIR first, then shared/ beside the repository root."""
 
-from rl.core.data import shared_data
-from rl.core.data.shared_data import find_shared_gsm8k, repo_root
+from rl.tasks.gsm8k import shared_data
+from rl.tasks.gsm8k.shared_data import find_shared_gsm8k, repo_root
 
 
 def make_gsm8k(shared):
@@ -15,7 +15,7 @@ def make_gsm8k(shared):
 def test_repo_root_holds_the_workspace_file():
     root = repo_root()
     assert root is not None and (root / "WORKSPACE").is_file()
-    assert (root / "rl" / "core" / "data" / "shared_data.py").is_file()
+    assert (root / "rl" / "tasks" / "gsm8k" / "shared_data.py").is_file()
 
 
 def test_environment_variable_wins(tmp_path, monkeypatch):

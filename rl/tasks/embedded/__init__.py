@@ -1,11 +1,11 @@
 """The embedded default job: a project-built tokenizer, a small Llama model made from a config, a synthetic
 arithmetic task in GSM8K's answer format, and a short supervised warm-up, so training runs with no downloads."""
 
-from rl.core.embedded.model import build_model, save_pretrained_model, tiny_model_config
-from rl.core.embedded.prepare import EmbeddedDefault, Recipe, prepare_embedded_default, write_untrained_job
-from rl.core.embedded.task import DATA_SOURCE, TaskSpec, make_task_rows, write_task_dataset
-from rl.core.embedded.tokenizer import build_tokenizer
-from rl.core.embedded.warmup import careless_demonstrations, greedy_accuracy, sft_warmup
+from rl.tasks.embedded.model import build_model, save_pretrained_model, tiny_model_config
+from rl.tasks.embedded.prepare import EmbeddedDefault, Recipe, prepare_embedded_default, write_untrained_job
+from rl.tasks.embedded.task import DATA_SOURCE, TaskSpec, make_task_rows, write_task_dataset
+from rl.tasks.embedded.tokenizer import build_tokenizer
+from rl.tasks.embedded.warmup import careless_demonstrations, greedy_accuracy, sft_warmup
 
 __all__ = [
     "DATA_SOURCE",

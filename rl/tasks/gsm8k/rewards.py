@@ -5,7 +5,7 @@ Modes (`ANSWER_EXTRACTORS`):
 - "flexible": the final answer however phrased. Markers are tried in this order, each taking its last occurrence:
   `#### N`; `\\boxed{N}`; an answer phrase (`The answer is N`, `Final answer: N`, `answer = N`, `A: N`). With no
   marker, the last number in the text.
-Both modes read numbers with `rl.core.rewards.numbers` (separators, currency, units, decimals and fractions).
+Both modes read numbers with `rl.tasks.gsm8k.numbers` (separators, currency, units, decimals and fractions).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from fractions import Fraction
 
 from rl.core.registry import Registry
-from rl.core.rewards.numbers import NUMBER, clean_latex, format_number, last_number, number_value, parse_number
 from rl.core.rewards.registry import REWARD_FUNCTIONS
+from rl.tasks.gsm8k.numbers import NUMBER, clean_latex, format_number, last_number, number_value, parse_number
 
 HASH_MARKER = "####"
 _CONNECTOR = r"\s*(?:is|was|=|:|would\s+be|will\s+be)[\s:*]*"

@@ -4,11 +4,12 @@ matches one-prompt-at-a-time decoding."""
 import pytest
 import torch
 
-from rl.core.embedded.model import build_model, tiny_model_config
-from rl.core.embedded.task import TaskSpec, make_task_rows
-from rl.core.embedded.tokenizer import build_tokenizer
-from rl.core.embedded.warmup import careless_demonstrations, generate_responses, greedy_accuracy, sft_warmup
 from rl.core.rewards import REWARD_FUNCTIONS
+from rl.tasks import rewards as _task_rewards  # noqa: F401  (registers the tasks' reward functions)
+from rl.tasks.embedded.model import build_model, tiny_model_config
+from rl.tasks.embedded.task import TaskSpec, make_task_rows
+from rl.tasks.embedded.tokenizer import build_tokenizer
+from rl.tasks.embedded.warmup import careless_demonstrations, generate_responses, greedy_accuracy, sft_warmup
 
 # A small problem space (operands 10..29, drawn uniformly) that the model learns in a few seconds.
 SPEC = TaskSpec(min_operand=10, max_operand=29, carry_share=None)

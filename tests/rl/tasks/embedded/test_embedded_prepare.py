@@ -8,8 +8,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rl.core.data import load_prompt_dataset
-from rl.core.embedded import prepare
-from rl.core.embedded.prepare import MARKER, Recipe, prepare_embedded_default
+from rl.tasks.embedded import prepare
+from rl.tasks.embedded.prepare import MARKER, Recipe, prepare_embedded_default
 
 STEPS = 3  # enough to exercise the pipeline; the default recipe's quality is measured elsewhere
 

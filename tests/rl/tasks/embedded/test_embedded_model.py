@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rl.core.embedded.model import build_model, save_pretrained_model, tiny_model_config
-from rl.core.embedded.tokenizer import build_tokenizer
+from rl.tasks.embedded.model import build_model, save_pretrained_model, tiny_model_config
+from rl.tasks.embedded.tokenizer import build_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from fractions import Fraction
 
 import pytest
 
-from rl.core.rewards.numbers import format_number, last_number, parse_number
+from rl.tasks.gsm8k.numbers import format_number, last_number, parse_number
 
 
 @pytest.mark.parametrize(

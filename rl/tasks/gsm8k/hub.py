@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rl.core.data.errors import DataError
-from rl.core.data.gsm8k import Gsm8kSplit, parse_records
+from rl.tasks.gsm8k.data import Gsm8kSplit, parse_records
 
 HUB_DATASET = ("openai/gsm8k", "main")
 # Output split name -> hub split name.

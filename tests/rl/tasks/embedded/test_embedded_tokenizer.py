@@ -3,8 +3,8 @@
 import pytest
 from transformers import AutoTokenizer
 
-from rl.core.embedded.task import make_task_rows
-from rl.core.embedded.tokenizer import build_tokenizer
+from rl.tasks.embedded.task import make_task_rows
+from rl.tasks.embedded.tokenizer import build_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,9 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rl.core.rewards import REWARD_FUNCTIONS
+from rl.tasks.gsm8k.rewards import gsm8k_reward
 
 IGNORE_INDEX = -100
-REWARD_NAME = "gsm8k"
 WARMUP_RAMP_STEPS = 20
 
 
@@ -148,6 +147,5 @@ def greedy_accuracy(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict], max_new_tokens: int
 ) -> float:
     """Share of rows whose greedy response the strict GSM8K verifier scores 1.0."""
-    reward = REWARD_FUNCTIONS.get(REWARD_NAME)
     responses = generate_responses(model, tokenizer, rows, max_new_tokens)
-    return sum(reward(response, row["answer"]) for response, row in zip(responses, rows, strict=True)) / len(rows)
+    return sum(gsm8k_reward(response, row["answer"]) for response, row in zip(responses, rows, strict=True)) / len(rows)

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rl.core.embedded.model import build_model, save_pretrained_model, tiny_model_config
-from rl.core.embedded.task import SPLIT_FILES, make_task_rows, write_task_dataset
-from rl.core.embedded.tokenizer import build_tokenizer
-from rl.core.embedded.warmup import careless_demonstrations, greedy_accuracy, sft_warmup
+from rl.tasks.embedded.model import build_model, save_pretrained_model, tiny_model_config
+from rl.tasks.embedded.task import SPLIT_FILES, make_task_rows, write_task_dataset
+from rl.tasks.embedded.tokenizer import build_tokenizer
+from rl.tasks.embedded.warmup import careless_demonstrations, greedy_accuracy, sft_warmup
 
 MARKER = "embedded.json"
 RECIPE_VERSION = 2

@@ -5,8 +5,9 @@ import re
 import pytest
 
 from rl.core.data import load_prompt_dataset
-from rl.core.embedded.task import DATA_SOURCE, TaskSpec, make_task_rows, write_task_dataset
 from rl.core.rewards import REWARD_FUNCTIONS
+from rl.tasks import rewards as _task_rewards  # noqa: F401  (registers the tasks' reward functions)
+from rl.tasks.embedded.task import DATA_SOURCE, TaskSpec, make_task_rows, write_task_dataset
 
 QUESTION = re.compile(r"What is (\d+) \+ (\d+)\?")
 STEP = re.compile(r"(\d+(?:\+\d+)+)=(\d+)")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rl.core.data.parquet_io import write_parquet_atomic
-from rl.core.embedded.tokenizer import ANSWER_MARKER
+from rl.tasks.embedded.tokenizer import ANSWER_MARKER
 
 DATA_SOURCE = "synthetic/arith"
 SPLIT_FILES = {"train": "train.parquet", "validation": "validation.parquet"}

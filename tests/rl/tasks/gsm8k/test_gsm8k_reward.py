@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl.core.rewards import REWARD_FUNCTIONS, extract_answer
+from rl.core.rewards import REWARD_FUNCTIONS
+from rl.tasks import rewards as _task_rewards  # noqa: F401  (registers the tasks' reward functions)
+from rl.tasks.gsm8k.rewards import extract_answer
 
 strict = REWARD_FUNCTIONS.get("gsm8k")
 flexible = REWARD_FUNCTIONS.get("gsm8k_flexible")

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rl.core.data import DataError, load_prompt_dataset
-from rl.core.data.gsm8k import final_answer, read_gsm8k_dir, read_gsm8k_jsonl, write_gsm8k
+from rl.tasks.gsm8k.data import final_answer, read_gsm8k_dir, read_gsm8k_jsonl, write_gsm8k
 
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 GOOD = {"question": "What is 2+3?", "answer": "2+3=<<2+3=5>>5\n#### 5"}

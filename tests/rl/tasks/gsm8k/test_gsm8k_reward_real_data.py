@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from rl.core.data.shared_data import find_shared_gsm8k
 from rl.core.rewards import REWARD_FUNCTIONS
+from rl.tasks import rewards as _task_rewards  # noqa: F401  (registers the tasks' reward functions)
+from rl.tasks.gsm8k.shared_data import find_shared_gsm8k
 
 MODEL_KEYS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
 MIN_LABEL_AGREEMENT = 0.99
