@@ -56,11 +56,13 @@ class Outcome:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from rl.core.config.choices import STRATEGIES
+    from rl.backends.registry import STRATEGIES
+
+    names = STRATEGIES.names()
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--strategies", default=DEFAULT_STRATEGIES, help=f"comma-separated subset of {', '.join(STRATEGIES)}"
+        "--strategies", default=DEFAULT_STRATEGIES, help=f"comma-separated subset of {', '.join(names)}"
     )
     parser.add_argument("--workers", type=int, default=1, help="training workers (processes on CPU, GPUs on GPU)")
     parser.add_argument("--steps", type=int, default=4, help="steps per run, the first of them a warm-up (>= 2)")
@@ -76,14 +78,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [s for s in args.strategies if s not in STRATEGIES]
+    unknown = [s for s in args.strategies if s not in names]
     if unknown or not args.strategies:
-        parser.error(f"--strategies: unknown {', '.join(unknown) or '(none given)'}; choose from {STRATEGIES}")
+        parser.error(f"--strategies: unknown {', '.join(unknown) or '(none given)'}; choose from {names}")
     if args.steps < 2:
         parser.error("--steps must be at least 2: the first step is a warm-up and is not counted")
     if min(args.workers, args.rounds, args.prompts_per_step, args.num_generations, args.max_generate_length) < 1:
         parser.error("--workers, --rounds, --prompts_per_step, --num_generations, --max_generate_length must be >= 1")
-    bad = [o for o in args.overrides if "=" not in o or split_forwarded(o)[0] not in (None, *STRATEGIES)]
+    bad = [o for o in args.overrides if "=" not in o or split_forwarded(o)[0] not in (None, *names)]
     if bad:
         parser.error(f"extra arguments must be key=value or STRATEGY:key=value config overrides, got {bad}")
     return args

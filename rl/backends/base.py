@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from rl.backends.dist import DistInfo
 from rl.backends.hf_forward import batch_logprobs
+from rl.backends.hidden_loss import hidden_logprobs, hidden_policy_loss
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
 from rl.core.packing import PackedBatch
 
@@ -37,16 +38,15 @@ class ModelSpec:
     role: str  # "policy" or "ref"
     temperature: float
     gradient_checkpointing: bool = False
-    cpu_offload: bool = False
-    reshard_after_forward: bool = True
-    fsdp_size: int = -1
     lr: float = 1e-6
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = 1.0
     lr_warmup_steps: int = 0
-    backend_options: dict | None = None  # the strategy's own block, e.g. deepspeed_config.train
+    backend_options: dict | None = None  # the strategy's own settings (StrategyConfig.backend_options)
     kernels: str = "auto"  # trainer.kernels: implementation of the token-logprob op (rl.kernels.ops)
+    fused_kernels: bool = False  # trainer.policy.use_fused_kernels: loss and logprobs from hidden states, chunked
+    fused_chunk_size: int | None = None  # trainer.policy.fused_kernel_chunk_size
 
 
 class TrainingBackend(abc.ABC):
@@ -137,8 +137,13 @@ class TrainingBackend(abc.ABC):
     @torch.no_grad()
     def logprobs(self, batch: PackedBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         self.forward_module().eval()
-        logprobs, entropy = batch_logprobs(self.forward_module(), batch.to(self.dist.device), self.spec.temperature,
-                                           with_entropy, self.spec.kernels)
+        batch, spec = batch.to(self.dist.device), self.spec
+        if spec.fused_kernels and batch.num_tokens > 0:
+            logprobs, entropy = hidden_logprobs(self.forward_module(), batch, spec.temperature, with_entropy,
+                                                spec.fused_chunk_size)
+        else:
+            logprobs, entropy = batch_logprobs(self.forward_module(), batch, spec.temperature, with_entropy,
+                                               spec.kernels)
         return logprobs.cpu(), (entropy.cpu() if entropy is not None else None)
 
     def backward(self, loss: Tensor, last_micro_batch: bool) -> None:
@@ -151,13 +156,18 @@ class TrainingBackend(abc.ABC):
         real = batch.num_tokens > 0
         batch = (batch if real else placeholder_batch()).to(self.dist.device)
         self.forward_module().train()
-        logprobs, entropy = batch_logprobs(self.forward_module(), batch, self.spec.temperature,
-                                           settings.use_entropy_loss, self.spec.kernels)
-        loss, metrics = compute_policy_loss(
-            settings, logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, normalizer,
-            ref_logprobs=batch.ref_logprobs, entropy=entropy, seq_ids=batch.token_seq_ids(),
-            num_sequences=batch.num_sequences,
-        )
+        spec = self.spec
+        if spec.fused_kernels:  # the loss from hidden states and the LM-head weight, chunked (no logits)
+            loss, metrics = hidden_policy_loss(self.forward_module(), batch, settings, normalizer, spec.temperature,
+                                               spec.kernels, spec.fused_chunk_size)
+        else:
+            logprobs, entropy = batch_logprobs(self.forward_module(), batch, spec.temperature,
+                                               settings.use_entropy_loss, spec.kernels)
+            loss, metrics = compute_policy_loss(
+                settings, logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, normalizer,
+                ref_logprobs=batch.ref_logprobs, entropy=entropy, seq_ids=batch.token_seq_ids(),
+                num_sequences=batch.num_sequences,
+            )
         # A rank with no sequences still runs forward/backward so its collectives stay in step with the others.
         self.backward(loss if real else loss * 0.0, last_micro_batch)
         out = {name: float(value) for name, value in metrics.items()} if real else {}

@@ -18,6 +18,7 @@ from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from rl.backends.base import TrainingBackend
 from rl.backends.dcp_checkpoint import DCPCheckpointMixin
+from rl.backends.fsdp_config import FSDPConfig
 from rl.backends.hf_model import load_causal_lm
 from rl.backends.mesh import decoder_layers, device_mesh
 
@@ -31,20 +32,18 @@ def sharding_strategy(reshard_after_forward: bool, hybrid: bool) -> ShardingStra
 class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
     def build(self) -> None:
         spec, device = self.spec, self.dist.device
-        if spec.cpu_offload and self.trainable:
-            raise ValueError("trainer.policy.fsdp_config.cpu_offload: FSDP1 cannot accumulate gradients outside "
-                             "no_sync with CPU offload; use trainer.strategy=fsdp2 or offload the reference only")
+        options = FSDPConfig.from_options(spec.backend_options)  # policy CPU offload is refused at config load
         model = load_causal_lm(spec.path, device)
         if spec.gradient_checkpointing and self.trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         layer_types = {type(layer) for layer in decoder_layers(model)}
-        hybrid = spec.fsdp_size not in (-1, self.dist.world_size)
+        hybrid = options.fsdp_size not in (-1, self.dist.world_size)
         self.model = FSDP(
             model,
             auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_types),
-            sharding_strategy=sharding_strategy(spec.reshard_after_forward, hybrid),
-            device_mesh=device_mesh(device, self.dist.world_size, spec.fsdp_size) if hybrid else None,
-            cpu_offload=CPUOffload(offload_params=True) if spec.cpu_offload else None,
+            sharding_strategy=sharding_strategy(options.reshard_after_forward, hybrid),
+            device_mesh=device_mesh(device, self.dist.world_size, options.fsdp_size) if hybrid else None,
+            cpu_offload=CPUOffload(offload_params=True) if options.cpu_offload else None,
             mixed_precision=(MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                              if device.type == "cuda" else None),
             device_id=device,

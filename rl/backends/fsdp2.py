@@ -10,23 +10,24 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 from rl.backends.base import TrainingBackend
 from rl.backends.dcp_checkpoint import DCPCheckpointMixin
+from rl.backends.fsdp_config import FSDPConfig
 from rl.backends.hf_model import load_causal_lm
 from rl.backends.mesh import decoder_layers, device_mesh
 
 
 class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
     def build(self) -> None:
-        spec = self.spec
+        spec, options = self.spec, FSDPConfig.from_options(self.spec.backend_options)
         model = load_causal_lm(spec.path, self.dist.device)
         if spec.gradient_checkpointing and self.trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         shard_kwargs = {
-            "mesh": device_mesh(self.dist.device, self.dist.world_size, spec.fsdp_size),
-            "reshard_after_forward": spec.reshard_after_forward,
+            "mesh": device_mesh(self.dist.device, self.dist.world_size, options.fsdp_size),
+            "reshard_after_forward": options.reshard_after_forward,
         }
         if self.dist.device.type == "cuda":
             shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if spec.cpu_offload:
+        if options.cpu_offload:
             shard_kwargs["offload_policy"] = CPUOffloadPolicy()
         for layer in decoder_layers(model):
             fully_shard(layer, **shard_kwargs)

@@ -12,6 +12,7 @@ tensor, as TRL and veRL do): prompt positions cost no `[tokens, vocab]` logits, 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -30,23 +31,60 @@ class ScoredLogits:
     targets_at: Tensor  # [M] long: flat positions (in the batch) of the predicted tokens
 
 
-def scored_logits(model: nn.Module, batch: PackedBatch) -> ScoredLogits:
-    """Runs the model over the whole batch and the LM head over the positions before each loss-mask token.
-
+def scored_inputs(batch: PackedBatch) -> tuple[dict, Tensor]:
+    """(model kwargs, targets_at): the whole batch in, the LM head over the positions before each loss-mask token.
     Packed: those flat positions. Padded: the columns that precede a loss token in any row (a column's logits are
-    computed for every row, so rows with shorter prompts pay for a few extra positions).
-    """
+    computed for every row, so rows with shorter prompts pay for a few extra positions)."""
     predicts = batch.loss_mask.roll(-1, dims=0)  # position t predicts token t + 1; slot starts are never loss tokens
     if batch.padded:
         columns = batch.as_padded(predicts).any(0).nonzero().squeeze(-1)
-        out = model(input_ids=batch.as_padded(), attention_mask=batch.attention_mask().long(),
-                    position_ids=batch.as_padded(batch.position_ids), use_cache=False, logits_to_keep=columns)
         rows = torch.arange(batch.num_sequences, device=columns.device)[:, None] * batch.padded_length
-        return ScoredLogits(out.logits.reshape(-1, out.logits.shape[-1]), (rows + columns[None] + 1).reshape(-1))
+        kwargs = dict(input_ids=batch.as_padded(), attention_mask=batch.attention_mask().long(),
+                      position_ids=batch.as_padded(batch.position_ids), use_cache=False, logits_to_keep=columns)
+        return kwargs, (rows + columns[None] + 1).reshape(-1)
     positions = predicts.nonzero().squeeze(-1)
-    out = model(input_ids=batch.input_ids[None], position_ids=batch.position_ids[None], use_cache=False,
-                logits_to_keep=positions, **packing_kwargs(batch.cu_seqlens))
-    return ScoredLogits(out.logits[0], positions + 1)
+    kwargs = dict(input_ids=batch.input_ids[None], position_ids=batch.position_ids[None], use_cache=False,
+                  logits_to_keep=positions, **packing_kwargs(batch.cu_seqlens))
+    return kwargs, positions + 1
+
+
+def scored_logits(model: nn.Module, batch: PackedBatch) -> ScoredLogits:
+    """The logits of the positions that predict loss tokens (see `scored_inputs`)."""
+    kwargs, targets_at = scored_inputs(batch)
+    logits = model(**kwargs).logits
+    return ScoredLogits(logits.reshape(-1, logits.shape[-1]), targets_at)
+
+
+def output_head(model: nn.Module) -> nn.Module:
+    """The LM head of a (possibly wrapped: DeepSpeed engine, FSDP) Hugging Face causal LM; bias-free only."""
+    inner = model
+    while not hasattr(inner, "get_output_embeddings") and hasattr(inner, "module"):
+        inner = inner.module
+    head = inner.get_output_embeddings()
+    if not isinstance(getattr(head, "weight", None), Tensor) or getattr(head, "bias", None) is not None:
+        raise ValueError("trainer.policy.use_fused_kernels needs a bias-free linear LM head; set it to false for "
+                         f"this model ({type(inner).__name__})")
+    return head
+
+
+@contextlib.contextmanager
+def _head_replaced(head: nn.Module, fn):
+    """The head's forward is `fn(hidden [..., H], weight)` while the block runs. The wrapped model's own forward
+    still calls it, inside FSDP's / ZeRO-3's hooks, so the weight it receives is the gathered one and the
+    gradient `fn`'s output carries reaches the sharded parameter through the same path as the logits path's."""
+    head.forward = lambda hidden: fn(hidden.reshape(-1, hidden.shape[-1]), head.weight)
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def head_call(model: nn.Module, batch: PackedBatch, fn):
+    """What `fn(hidden [M, H], lm_head_weight, targets_at [M])` returned: the model body over the batch, then `fn`
+    in place of the LM head over the scored positions (those of `scored_logits`)."""
+    kwargs, targets_at = scored_inputs(batch)
+    with _head_replaced(output_head(model), lambda hidden, weight: fn(hidden, weight, targets_at)):
+        return model(**kwargs).logits
 
 
 def batch_logprobs(model: nn.Module, batch: PackedBatch, temperature: float, with_entropy: bool,

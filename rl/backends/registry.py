@@ -1,41 +1,41 @@
-"""The training strategies by name. Each entry names its backend class, imported only when a worker builds one, so
-the launcher and the config loader can list and check strategies without importing torch's or megatron's stacks.
+"""The training strategies by name. Each entry (`rl.core.config.strategies.StrategyConfig`) declares its config
+blocks, checks and parallel sizes next to its backend, and names its backend class, which is imported only when a
+worker builds one: the launcher and the config loader list and check strategies without importing torch's or
+megatron's stacks.
 
-Adding a strategy is one module implementing `rl.backends.base.TrainingBackend` and one `register` call here.
+Adding a strategy is one module implementing `rl.backends.base.TrainingBackend`, one `StrategyConfig` with its
+config block, and one entry in `BUILT_IN` (or a `register` call of its own).
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rl.core.registry import Registry
+from rl.backends.deepspeed_config import DeepSpeedStrategy
+from rl.backends.fsdp_config import FSDP2Strategy, FSDPStrategy
+from rl.backends.megatron.config import MegatronStrategy
+from rl.core.config.strategies import STRATEGIES, register
 
 if TYPE_CHECKING:
     from rl.backends.base import ModelSpec, TrainingBackend
     from rl.backends.dist import DistInfo
 
-
-@dataclass(frozen=True)
-class Strategy:
-    """One registry entry: where its backend class lives (`package.module:Class`)."""
-
-    backend: str
-
-    def backend_class(self) -> type[TrainingBackend]:
-        module, _, name = self.backend.partition(":")
-        return getattr(importlib.import_module(module), name)
+BUILT_IN = (FSDP2Strategy(), FSDPStrategy(), DeepSpeedStrategy(), MegatronStrategy())
+for _strategy in BUILT_IN:
+    if _strategy.name not in STRATEGIES:
+        register(_strategy)
 
 
-STRATEGIES: Registry[Strategy] = Registry("trainer.strategy")
-STRATEGIES.register("fsdp")(Strategy("rl.backends.fsdp:FSDPBackend"))
-STRATEGIES.register("fsdp2")(Strategy("rl.backends.fsdp2:FSDP2Backend"))
-STRATEGIES.register("deepspeed")(Strategy("rl.backends.deepspeed:DeepSpeedBackend"))
-STRATEGIES.register("megatron")(Strategy("rl.backends.megatron.backend:MegatronBackend"))
+def backend_class(backend: str) -> type[TrainingBackend]:
+    """The class a strategy name or a `package.module:Class` path names."""
+    path = backend if ":" in backend else STRATEGIES.get(backend).backend
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def build_backend(strategy: str, spec: ModelSpec, dist_info: DistInfo) -> TrainingBackend:
-    backend = STRATEGIES.get(strategy).backend_class()(spec, dist_info)
-    backend.build()
-    return backend
+def build_backend(backend: str, spec: ModelSpec, dist_info: DistInfo) -> TrainingBackend:
+    """A built backend of a strategy (by name, or by its backend's `package.module:Class` path)."""
+    built = backend_class(backend)(spec, dist_info)
+    built.build()
+    return built

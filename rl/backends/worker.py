@@ -1,8 +1,8 @@
 """A training worker: one rank of the SPMD group, holding the policy (and the reference) backend.
 
 The driver sends each data-parallel shard's micro-batches once to the ranks of that shard (its model-parallel group)
-and reads the results of the rank that reports them; the worker never looks at the strategy name beyond building its
-backends through the registry.
+and reads the results of the rank that reports them; the worker builds its backends from the class the strategy names
+(`package.module:Class`) and never looks at the strategy itself.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ class TrainingWorker:
             sock.bind(("", 0))
             return socket.gethostbyname(socket.gethostname()), sock.getsockname()[1]
 
-    def setup(self, master_addr: str, master_port: int, strategy: str, policy: ModelSpec, ref: ModelSpec | None
+    def setup(self, master_addr: str, master_port: int, backend: str, policy: ModelSpec, ref: ModelSpec | None
               ) -> None:
         torch.manual_seed(self.seed)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         dist_info = init_distributed(self.rank, self.world_size, master_addr, master_port)
-        self.policy = build_backend(strategy, policy, dist_info)
-        self.ref = build_backend(strategy, ref, dist_info) if ref is not None else None
+        self.policy = build_backend(backend, policy, dist_info)
+        self.ref = build_backend(backend, ref, dist_info) if ref is not None else None
 
     def data_parallel_rank(self) -> DataParallelRank:
         return self.policy.data_parallel_rank()

@@ -25,6 +25,9 @@ class Registry(Generic[T]):
 
         return add
 
+    def remove(self, name: str) -> None:
+        del self._entries[name]
+
     def get(self, name: str) -> T:
         try:
             return self._entries[name]

@@ -138,13 +138,24 @@ def chunked_policy_loss(
     hidden: Tensor,
     weight: Tensor,
     targets: Tensor,
-    old_logprobs: Tensor,
+    old_logprobs: Tensor | None,
     advantages: Tensor,
     loss_mask: Tensor,
     normalizer,
+    *,
+    kernels: str = "auto",
     **options,
 ):
-    """The policy loss from hidden states and the LM-head weight without the full [N, V] logits."""
-    return reference.chunked_policy_loss(
-        settings, hidden, weight, targets, old_logprobs, advantages, loss_mask, normalizer, **options
+    """The policy loss from hidden states and the LM-head weight without the full [N, V] logits: each chunk's
+    logits are one matmul, then the `trainer.kernels` implementation's loss (the fused Triton/CUDA kernel on GPU,
+    in-place torch on CPU) gives the chunk's gradient. Options: those of `reference.chunked_policy_loss`."""
+    impl = backend(kernels, hidden)
+    if impl is reference:
+        return reference.chunked_policy_loss(
+            settings, hidden, weight, targets, old_logprobs, advantages, loss_mask, normalizer, **options
+        )
+    from rl.kernels.autograd import kernel_chunked_policy_loss
+
+    return kernel_chunked_policy_loss(
+        impl.KERNELS, settings, hidden, weight, targets, old_logprobs, advantages, loss_mask, normalizer, **options
     )

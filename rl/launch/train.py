@@ -12,7 +12,8 @@ from rl.backends.registry import STRATEGIES
 from rl.core.config import ConfigError, load_config
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("strategy", None, STRATEGIES.names(), "Training backend; overrides trainer.strategy.")
+flags.DEFINE_string("strategy", None, f"Training backend, one of the registered strategies "
+                    f"({', '.join(STRATEGIES.names())}); overrides trainer.strategy.")
 flags.DEFINE_string("config", None, "YAML file layered over the defaults, before key=value overrides.")
 flags.DEFINE_string("run_dir", None, "Directory for the run's outputs (default: a new dated folder under runs/).")
 flags.DEFINE_string("ray_address", None, "Address of an existing Ray cluster to join (default: start a local one).")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import torch
 
 from rl.backends.base import ModelSpec
+from rl.backends.registry import STRATEGIES
 from rl.core.data import PromptRecord, load_prompt_dataset
 from rl.core.generation import SamplingParams, build_engine
 from rl.trainer.worker_group import WorkerGroup
@@ -44,33 +44,20 @@ def make_engine(cfg, model_path: str, tokenizer):
     return build_engine(cfg.generator.backend, model_path, tokenizer, device=device)
 
 
-def backend_options(cfg, role: str) -> dict:
-    """The strategy's own block for one model: `megatron_config` (policy and reference share the layout) or
-    DeepSpeed's train/eval dict; the other strategies read only the common ModelSpec fields."""
-    if cfg.trainer.strategy == "megatron":
-        return dataclasses.asdict(cfg.trainer.policy.megatron_config)
-    return dict(cfg.deepspeed_config.train if role == "policy" else cfg.deepspeed_config.eval)
-
-
 def model_specs(cfg, model_path: str) -> tuple[ModelSpec, ModelSpec | None]:
-    trainer, opt = cfg.trainer, cfg.trainer.policy.optimizer_config
-    fsdp = trainer.policy.fsdp_config
+    """What each worker builds: the policy, and the reference when the KL loss needs one; the strategy supplies its
+    own settings for each (`StrategyConfig.backend_options`)."""
+    trainer, opt, strategy = cfg.trainer, cfg.trainer.policy.optimizer_config, STRATEGIES.get(cfg.trainer.strategy)
+    common = {"path": model_path, "temperature": cfg.generator.temperature, "kernels": trainer.kernels,
+              "fused_kernels": trainer.policy.use_fused_kernels,
+              "fused_chunk_size": trainer.policy.fused_kernel_chunk_size}
     policy = ModelSpec(
-        path=model_path, role="policy", temperature=cfg.generator.temperature,
-        gradient_checkpointing=trainer.gradient_checkpointing, cpu_offload=fsdp.cpu_offload,
-        reshard_after_forward=fsdp.reshard_after_forward, fsdp_size=fsdp.fsdp_size, lr=opt.lr,
+        role="policy", gradient_checkpointing=trainer.gradient_checkpointing, lr=opt.lr,
         weight_decay=opt.weight_decay, betas=tuple(opt.betas), max_grad_norm=opt.max_grad_norm,
-        lr_warmup_steps=opt.lr_warmup_steps, backend_options=backend_options(cfg, "policy"),
-        kernels=trainer.kernels,
-    )
+        lr_warmup_steps=opt.lr_warmup_steps, backend_options=strategy.backend_options(cfg, "policy"), **common)
     if not trainer.algorithm.use_kl_loss:
         return policy, None
-    ref_fsdp = trainer.ref.fsdp_config
-    ref = ModelSpec(path=model_path, role="ref", temperature=cfg.generator.temperature,
-                    cpu_offload=ref_fsdp.cpu_offload, reshard_after_forward=ref_fsdp.reshard_after_forward,
-                    fsdp_size=ref_fsdp.fsdp_size, backend_options=backend_options(cfg, "ref"),
-                    kernels=trainer.kernels)
-    return policy, ref
+    return policy, ModelSpec(role="ref", backend_options=strategy.backend_options(cfg, "ref"), **common)
 
 
 def make_worker_group(cfg, model_path: str, world_size: int) -> WorkerGroup:
@@ -78,5 +65,5 @@ def make_worker_group(cfg, model_path: str, world_size: int) -> WorkerGroup:
     threads = 1 if torch.cuda.is_available() else max(1, cores // world_size)
     group = WorkerGroup(world_size, seed=cfg.trainer.seed, threads_per_worker=threads)
     policy, ref = model_specs(cfg, model_path)
-    group.setup(cfg.trainer.strategy, policy, ref)
+    group.setup(STRATEGIES.get(cfg.trainer.strategy).backend, policy, ref)
     return group

@@ -91,11 +91,12 @@ class WorkerGroup:
         self.actors = [actor.remote(rank, num_workers, seed) for rank in range(num_workers)]
         self.size = num_workers
 
-    def setup(self, strategy: str, policy_spec, ref_spec) -> None:
+    def setup(self, backend: str, policy_spec, ref_spec) -> None:
+        """Every worker joins the process group and builds `backend` (`package.module:Class`) for each model."""
         import ray
 
         host, port = ray.get(self.actors[0].address.remote())
-        self.call("setup", host, port, strategy, policy_spec, ref_spec)
+        self.call("setup", host, port, backend, policy_spec, ref_spec)
         self.layout = DataParallelLayout.of(self.call("data_parallel_rank"))
 
     @property

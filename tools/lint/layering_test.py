@@ -88,6 +88,31 @@ def test_bazel_deps_point_down(layer):
     assert not wrong, "\n".join(wrong)
 
 
+def _code_strings(path: str) -> list[tuple[int, str]]:
+    """(line, text) of every string constant in `path` that is not documentation (a string standing alone as a
+    statement: module, class, function and attribute docstrings)."""
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    docstrings = {id(node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_no_strategy_is_named_outside_the_backends_and_the_launcher():
+    """The driver and the pure layer reach strategies through the registry, never by name (messages included)."""
+    from rl.backends.registry import STRATEGIES
+
+    names = STRATEGIES.names()
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+    wrong = []
+    for top in ("rl/core", "rl/trainer", "rl/kernels", "rl/tasks"):
+        for path in _files(top, (".py",)):
+            wrong += [f"{os.path.relpath(path, _root())}:{line}: {text!r}" for line, text in _code_strings(path)
+                      if pattern.search(text)]
+    assert not wrong, "strategy names in code outside rl/backends and rl/launch:\n" + "\n".join(wrong)
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One import cycle of `graph` (module -> modules it imports), or None."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done

@@ -13,6 +13,7 @@ gathered over DP (checkpoint.py).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -23,9 +24,11 @@ from rl.backends.base import DataParallelRank, TrainingBackend, placeholder_batc
 from rl.backends.megatron import batches as B
 from rl.backends.megatron import checkpoint as ckpt
 from rl.backends.megatron import optimizer as mopt
+from rl.backends.megatron.config import MegatronConfig
 from rl.backends.megatron.cpu_compat import cpu_compat
+from rl.backends.megatron.fused import fused_policy_loss, output_layer_yields_hidden
 from rl.backends.megatron.logprobs import vocab_parallel_logprobs
-from rl.backends.megatron.parallel import MegatronOptions, current_layout, init_parallel_state
+from rl.backends.megatron.parallel import current_layout, init_parallel_state
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
 from rl.core.packing import PackedBatch
 
@@ -42,7 +45,7 @@ class MegatronBackend(TrainingBackend):
         from rl.backends.megatron.convert import hf_to_megatron
         from rl.backends.megatron.model import build_gpt_model, transformer_config
 
-        self.options = MegatronOptions.from_dict(self.spec.backend_options)
+        self.options = MegatronConfig.from_options(self.spec.backend_options)
         init_parallel_state(self.options, self.dist.world_size)
         self.layout = current_layout()
         self.hf_config = AutoConfig.from_pretrained(os.path.expanduser(self.spec.path))
@@ -145,14 +148,19 @@ class MegatronBackend(TrainingBackend):
         real = [b.num_tokens > 0 for b in batches]
         batches = [(b if b.num_tokens else placeholder_batch()).to(self.dist.device) for b in batches]
         self.model.train()
+        fused, seen = self.spec.fused_kernels, {}
 
-        def loss_func(i, logits):
+        def loss_func(i, output):
             batch = batches[i]
-            lp, ent = self._token_logprobs(logits, batch, settings.use_entropy_loss)
-            loss, metrics = compute_policy_loss(
-                settings, lp, batch.old_logprobs, batch.advantages, batch.loss_mask, normalizer,
-                ref_logprobs=batch.ref_logprobs, entropy=ent, seq_ids=batch.token_seq_ids(),
-                num_sequences=batch.num_sequences)
+            if fused:  # `output` holds the final hidden states (fused.output_layer_yields_hidden)
+                loss, metrics = self._fused_loss(output[0, :batch.num_tokens], seen["weight"], batch, settings,
+                                                 normalizer)
+            else:
+                lp, ent = self._token_logprobs(output, batch, settings.use_entropy_loss)
+                loss, metrics = compute_policy_loss(
+                    settings, lp, batch.old_logprobs, batch.advantages, batch.loss_mask, normalizer,
+                    ref_logprobs=batch.ref_logprobs, entropy=ent, seq_ids=batch.token_seq_ids(),
+                    num_sequences=batch.num_sequences)
             report = {name: float(value) for name, value in metrics.items()} if real[i] else {}
             report["loss"] = float(loss.detach()) / normalizer.dp_world_size if real[i] else 0.0
             # The loss is already this micro-batch's share of the mini-batch loss (normalised by the plan over every
@@ -160,7 +168,8 @@ class MegatronBackend(TrainingBackend):
             # DDP averages the gradients over the normalizer's dp_world_size shards, which the loss undoes.
             return loss * (len(batches) if real[i] else 0.0), report
 
-        out = self._schedule(batches, loss_func, forward_only=False)
+        with output_layer_yields_hidden(self.model, seen) if fused else contextlib.nullcontext():
+            out = self._schedule(batches, loss_func, forward_only=False)
         if not self.data_parallel_rank().reports:
             return None
         totals: dict[str, float] = {}
@@ -168,6 +177,14 @@ class MegatronBackend(TrainingBackend):
             for name, value in report.items():
                 totals[name] = totals.get(name, 0.0) + value
         return totals
+
+    def _fused_loss(self, hidden: Tensor, weight: Tensor, batch: PackedBatch, settings: LossSettings,
+                    normalizer: LossNormalizer):
+        from megatron.core import parallel_state as ps
+
+        return fused_policy_loss(hidden, weight, batch, settings, normalizer, vocab_start=self._vocab_start(),
+                                 vocab_size=self.hf_config.vocab_size, group=ps.get_tensor_model_parallel_group(),
+                                 temperature=self.spec.temperature, chunk_size=self.spec.fused_chunk_size)
 
     def forward_backward(self, batch: PackedBatch, settings: LossSettings, normalizer: LossNormalizer,
                          last_micro_batch: bool = True) -> dict[str, float]:

@@ -12,7 +12,6 @@ from rl.core.config.choices import (
     LOGGERS,
     LOSS_REDUCTIONS,
     POLICY_LOSSES,
-    STRATEGIES,
 )
 from rl.core.config.defaults import DEFAULTS_PATH
 from rl.core.config.errors import ConfigError
@@ -30,7 +29,7 @@ from rl.core.config.schema import (
     RefConfig,
     TrainerConfig,
 )
-from rl.core.config.schema_backends import DeepSpeedConfig, FSDPConfig, MegatronConfig
+from rl.core.config.strategies import STRATEGIES, StrategyConfig
 from rl.core.config.validate import validate_config
 
 __all__ = [
@@ -47,16 +46,14 @@ __all__ = [
     "Config",
     "ConfigError",
     "DataConfig",
-    "DeepSpeedConfig",
-    "FSDPConfig",
     "GeneratorConfig",
-    "MegatronConfig",
     "ModelConfig",
     "OptimizerConfig",
     "ParallelSizes",
     "PlacementConfig",
     "PolicyConfig",
     "RefConfig",
+    "StrategyConfig",
     "TrainerConfig",
     "config_from_dict",
     "config_to_dict",

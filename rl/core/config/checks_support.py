@@ -24,14 +24,6 @@ def check_unsupported(cfg: Config, problems: Problems) -> None:
             "is gae, which needs a critic (value model), and no backend trains one yet; choose grpo, rloo or "
             "reinforce++",
         )
-    size = trainer.policy.sequence_parallel_size
-    if trainer.strategy != "megatron" and size > 1:
-        problems.add(
-            "trainer.policy.sequence_parallel_size",
-            f"is {size}, but the {trainer.strategy} backend does not implement Ulysses sequence parallelism yet "
-            "(every rank would train whole sequences); set it to 1, or use trainer.strategy=megatron with "
-            "trainer.policy.megatron_config.sequence_parallel=true and TP > 1",
-        )
     if not trainer.placement.colocate_all:
         problems.add(
             "trainer.placement.colocate_all",

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rl.core.config import choices
+from rl.core.config import choices, strategies
 from rl.core.config.defaults import get
 from rl.core.config.errors import Problems, did_you_mean
 from rl.core.config.schema import Config
@@ -57,11 +57,9 @@ def interval(key: str) -> Rule:
 
 _ALGO = "trainer.algorithm."
 _OPT = "trainer.policy.optimizer_config."
-_MEGATRON = "trainer.policy.megatron_config."
 _PLACE = "trainer.placement."
 
 RULES: tuple[Rule, ...] = (
-    one_of("trainer.strategy", choices.STRATEGIES),
     one_of("trainer.kernels", choices.KERNELS),
     *(
         at_least(f"trainer.{name}", 1)
@@ -75,15 +73,12 @@ RULES: tuple[Rule, ...] = (
     ),
     optional(at_least("trainer.max_steps", 1)),
     optional(at_least("trainer.max_tokens_per_micro_batch", 1)),
+    optional(at_least("trainer.policy.fused_kernel_chunk_size", 1)),
     at_least("trainer.seed", 0),
     *(interval(f"trainer.{name}") for name in ("ckpt_interval", "hf_save_interval", "eval_interval")),
     *(at_least(_OPT + name, 0, "a number") for name in ("lr", "weight_decay", "max_grad_norm")),
     at_least(_OPT + "lr_warmup_steps", 0),
-    special_or_at_least_one("trainer.policy.fsdp_config.fsdp_size", -1, "whole world"),
-    special_or_at_least_one("trainer.ref.fsdp_config.fsdp_size", -1, "whole world"),
     at_least("trainer.policy.sequence_parallel_size", 1),
-    *(at_least(_MEGATRON + f"{name}_model_parallel_size", 1) for name in ("tensor", "pipeline", "expert")),
-    optional(one_of(_MEGATRON + "recompute_granularity", choices.RECOMPUTE_GRANULARITIES)),
     *(at_least(_PLACE + name, 1) for name in ("policy_num_nodes", "policy_num_gpus_per_node")),
     *(optional(at_least(_PLACE + name, 1)) for name in ("ref_num_nodes", "ref_num_gpus_per_node")),
     one_of(_ALGO + "advantage_estimator", choices.ADVANTAGE_ESTIMATORS),
@@ -119,12 +114,34 @@ NON_EMPTY_STRINGS = (
 )
 
 
-def check_rules(cfg: Config, problems: Problems) -> None:
-    for rule in RULES:
+def check_strategy_name(cfg: Config, problems: Problems) -> None:
+    check_rules(cfg, problems, (one_of("trainer.strategy", strategies.STRATEGIES.names()),))
+
+
+def check_rules(cfg: Config, problems: Problems, rules: Sequence[Rule] = RULES) -> None:
+    """Every rule of `rules` (a strategy passes the rules of its own blocks)."""
+    for rule in rules:
         value = get(cfg, rule.key)
         if (isinstance(value, float) and math.isnan(value)) or not rule.ok(value):
             hint = did_you_mean(value, rule.names) if isinstance(value, str) and rule.names else ""
             problems.add(rule.key, f"got {value!r}; set it to {rule.requirement}{hint}")
+
+
+FUSED_KERNEL_POLICY_LOSSES = ("regular", "dual_clip", "cispo")
+"""Policy losses with a kernel formula (rl/kernels/reference/policy_terms.py POLICY_CODES; a kernel test checks
+that the two agree)."""
+
+
+def check_fused_kernels(cfg: Config, problems: Problems) -> None:
+    """`use_fused_kernels` needs a kernel formula of the policy loss."""
+    policy = cfg.trainer.policy
+    if not policy.use_fused_kernels:
+        return
+    loss = cfg.trainer.algorithm.policy_loss_type
+    if loss not in FUSED_KERNEL_POLICY_LOSSES:
+        problems.add("trainer.policy.use_fused_kernels", f"has no kernel formula for trainer.algorithm."
+                     f"policy_loss_type={loss!r} (it has: {', '.join(FUSED_KERNEL_POLICY_LOSSES)}); set "
+                     "use_fused_kernels=false for it")
 
 
 def check_strings(cfg: Config, problems: Problems) -> None:

@@ -7,7 +7,6 @@ the place to check that it and this file agree.
 
 from __future__ import annotations
 
-STRATEGIES = ("fsdp", "fsdp2", "deepspeed", "megatron")
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce++", "gae")
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
 POLICY_LOSSES = ("regular", "dual_clip", "gspo", "cispo")
@@ -15,6 +14,5 @@ LOSS_REDUCTIONS = ("token_mean", "sequence_mean", "seq_mean_token_sum_norm")
 GENERATOR_BACKENDS = ("hf", "vllm")
 KERNELS = ("auto", "torch", "triton", "cuda")
 LOGGERS = ("console", "tensorboard", "wandb")
-RECOMPUTE_GRANULARITIES = ("full", "selective")
 RESUME_MODES = ("none", "latest")
 """`trainer.resume_mode` is one of these or the path of a checkpoint directory."""

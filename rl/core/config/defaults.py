@@ -7,6 +7,7 @@ import functools
 import os
 from typing import Any
 
+from rl.core.config import strategies
 from rl.core.config.merge import flatten
 from rl.core.config.yaml_io import read_yaml
 
@@ -23,8 +24,16 @@ def _defaults() -> dict[str, Any]:
 
 
 def default_tree() -> dict[str, Any]:
-    """A fresh deep copy of defaults.yaml as plain nested dicts."""
-    return copy.deepcopy(_defaults())
+    """A fresh deep copy of defaults.yaml as plain nested dicts, with every registered strategy's block (its
+    dataclass defaults) at its key."""
+    tree = copy.deepcopy(_defaults())
+    for key, block in strategies.block_types().items():
+        *parents, last = key.split(".")
+        node = tree
+        for segment in parents:
+            node = node.setdefault(segment, {})
+        node[last] = strategies.block_defaults(block)
+    return tree
 
 
 def embedded_job_tree() -> dict[str, Any]:
@@ -42,16 +51,19 @@ def embedded_job_tree() -> dict[str, Any]:
 
 
 def default_value(key: str) -> Any:
-    """The default of a dotted key (a deep copy)."""
-    node: Any = _defaults()
+    """The default of a dotted key (a deep copy), strategies' blocks included."""
+    node: Any = default_tree()
     for segment in key.split("."):
         node = node[segment]
     return copy.deepcopy(node)
 
 
 def get(cfg: Any, key: str) -> Any:
-    """The value at a dotted key of a built config (`get(cfg, "trainer.seed")`)."""
-    node = cfg
-    for segment in key.split("."):
+    """The value at a dotted key of a built config (`get(cfg, "trainer.seed")`), strategies' blocks included."""
+    node, rest = cfg, key
+    found = strategies.block_at(key)
+    if found is not None:
+        node, rest = cfg.blocks[found[0]], key[len(found[0]) + 1:]
+    for segment in filter(None, rest.split(".")):
         node = getattr(node, segment)
     return node

@@ -9,6 +9,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from rl.core.config import strategies
 from rl.core.config.errors import Problems, did_you_mean
 from rl.core.config.schema import Config
 
@@ -35,9 +36,9 @@ ANY = Node(Kind.LEAF, Any)
 
 @functools.cache
 def fields_of(cls: type) -> dict[str, Any]:
-    """Field name -> resolved type annotation, in declaration order."""
+    """Field name -> resolved type annotation, in declaration order (the loader's own `Config.blocks` excluded)."""
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if not f.metadata.get("strategy_blocks")}
 
 
 def node_of(tp: Any) -> Node:
@@ -48,9 +49,8 @@ def node_of(tp: Any) -> Node:
     return Node(Kind.LEAF, tp)
 
 
-@functools.cache
 def all_keys() -> tuple[str, ...]:
-    """Every dotted key of the schema, sections included."""
+    """Every dotted key of the schema and of the registered strategies' blocks, sections included."""
     found: list[str] = []
 
     def walk(cls: type, prefix: str) -> None:
@@ -61,12 +61,22 @@ def all_keys() -> tuple[str, ...]:
                 walk(tp, key + ".")
 
     walk(Config, "")
+    for key, block in strategies.block_types().items():
+        found.append(key)
+        walk(block, key + ".")
     return tuple(found)
+
+
+def _blocks_under(parent: str) -> list[str]:
+    """Names of the strategies' blocks directly under section `parent`."""
+    prefix = parent + "." if parent else ""
+    return [key[len(prefix):] for key in strategies.block_types()
+            if key.startswith(prefix) and "." not in key[len(prefix):]]
 
 
 def unknown_key_message(key: str, parent: str, cls: type) -> str:
     where = f"under {parent}" if parent else "at the top level"
-    valid = ", ".join(fields_of(cls))
+    valid = ", ".join([*fields_of(cls), *_blocks_under(parent)])
     return f"unknown key{did_you_mean(key, all_keys())}; valid keys {where}: {valid}"
 
 
@@ -76,8 +86,11 @@ def lookup(key: str, problems: Problems) -> Node | None:
     if not all(segments):
         problems.add(key, "malformed key (empty part between dots); write it like trainer.algorithm.kl_loss_coef")
         return None
-    node = ROOT
-    for depth, segment in enumerate(segments):
+    node, start = ROOT, 0
+    found = strategies.block_at(key)
+    if found is not None:  # a strategy's block: its own dataclass from there on
+        node, start = Node(Kind.SECTION, found[1]), found[0].count(".") + 1
+    for depth, segment in enumerate(segments[start:], start):
         parent = ".".join(segments[:depth])
         if node.kind is Kind.FREE:
             return ANY

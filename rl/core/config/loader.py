@@ -3,6 +3,7 @@ then validation."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -10,11 +11,12 @@ from typing import Any
 
 import yaml
 
+from rl.core.config import strategies
 from rl.core.config.convert import build, to_dict
 from rl.core.config.defaults import default_tree, embedded_job_tree
 from rl.core.config.errors import ConfigError, Problems
 from rl.core.config.keys import lookup
-from rl.core.config.merge import set_key
+from rl.core.config.merge import merge_free, set_key
 from rl.core.config.nemo_compat import split_file, translate
 from rl.core.config.overrides import parse_value, split_override
 from rl.core.config.schema import Config
@@ -44,6 +46,7 @@ def load_config(overrides: Sequence[str] = (), config_file: str | None = None, s
     and sampling) goes between the defaults and the user's layers. Then `~` in paths is expanded and every check
     runs; all problems are raised together as one ConfigError.
     """
+    strategies.require_strategies()
     problems, tree = _layered(default_tree(), overrides, config_file, strategy)
     if tree.get("trainer", {}).get("policy", {}).get("model", {}).get("path") == EMBEDDED:
         problems, tree = _layered(embedded_job_tree(), overrides, config_file, strategy)
@@ -62,19 +65,57 @@ def _layered(tree: dict[str, Any], overrides: Sequence[str], config_file: str | 
 
 
 def config_from_dict(data: Mapping[str, Any], validate: bool = True) -> Config:
-    """A Config from a complete nested mapping (as `config_to_dict` returns). Every key must be present and known;
-    types are checked, and with `validate` every value check runs too."""
+    """A Config from a complete nested mapping (as `config_to_dict` returns). Every key must be present and known
+    (a strategy's block that is absent takes its defaults); types are checked, and with `validate` every value
+    check runs too."""
     problems = Problems()
-    cfg = build(Config, data, "", problems)
+    cfg = _build(data, problems)
     if cfg is not None and validate:
         problems.lines.extend(collect_problems(cfg))
     problems.raise_if_any()
     return cfg
 
 
+def _build(data: Mapping[str, Any], problems: Problems) -> Config | None:
+    """The typed Config of a plain tree: the strategies' blocks (typed by their own dataclasses, over their
+    defaults) into `Config.blocks`, the rest into the schema's dataclasses."""
+    strategies.require_strategies()
+    tree = copy.deepcopy(dict(data))
+    blocks = {}
+    for key, block in strategies.block_types().items():
+        merged = strategies.block_defaults(block)
+        given = _pop_key(tree, key)
+        if given is not None:
+            if not isinstance(given, Mapping):
+                problems.add(key, f"is a section, not a single value; set its keys instead, e.g. {key}.<name>=...")
+                continue
+            merge_free(merged, given)
+        blocks[key] = build(block, merged, key + ".", problems)
+    cfg = build(Config, tree, "", problems)
+    if cfg is None or any(block is None for block in blocks.values()):
+        return None
+    cfg.blocks = blocks
+    return cfg
+
+
+def _pop_key(tree: dict[str, Any], key: str) -> Any:
+    *parents, last = key.split(".")
+    node: Any = tree
+    for segment in parents:
+        node = node.get(segment) if isinstance(node, dict) else None
+    return node.pop(last, None) if isinstance(node, dict) else None
+
+
 def config_to_dict(cfg: Config) -> dict[str, Any]:
-    """The config as plain nested dicts and lists (a deep copy)."""
-    return to_dict(cfg)
+    """The config as plain nested dicts and lists (a deep copy), the strategies' blocks at their keys."""
+    tree = to_dict(cfg)
+    for key, block in tree.pop("blocks").items():
+        *parents, last = key.split(".")
+        node = tree
+        for segment in parents:
+            node = node.setdefault(segment, {})
+        node[last] = block
+    return tree
 
 
 def save_config(cfg: Config, path: str) -> None:
@@ -133,7 +174,7 @@ def _expand_paths(tree: dict[str, Any]) -> None:
 def _build_checked(tree: dict[str, Any], problems: Problems) -> Config:
     for warning in problems.warnings:
         logger.warning("%s", warning)
-    cfg = build(Config, tree, "", problems)
+    cfg = _build(tree, problems)
     if cfg is not None:
         problems.lines.extend(collect_problems(cfg))
     problems.raise_if_any()

@@ -1,10 +1,10 @@
 """NeMo RL spellings of config keys, translated to this project's keys.
 
-`policy.megatron_cfg.enabled=true` selects strategy `megatron`; `policy.dtensor_cfg.enabled=true` (or
-`policy.dtensor_config.enabled`) selects `fsdp2`; with both enabled `megatron` wins and a warning is logged. Other
-supported keys map one to one (KEY_MAP). Within one layer (a file or the override list) the translated strategy
-takes the place of the first enabled flag, so later keys of that layer still win; in a file, NeMo RL sections are
-applied after the native ones.
+The strategies declare their own NeMo RL keys (`rl.core.config.strategies`): the switches that select them (e.g.
+`policy.megatron_cfg.enabled=true`; with several enabled, the strategy of highest `nemo_priority` wins and a warning
+is logged) and their block keys. Other supported keys map one to one (KEY_MAP). Within one layer (a file or the
+override list) the translated strategy takes the place of the first enabled flag, so later keys of that layer still
+win; in a file, NeMo RL sections are applied after the native ones.
 """
 
 from __future__ import annotations
@@ -14,17 +14,13 @@ from typing import Any
 
 import yaml
 
+from rl.core.config import strategies
 from rl.core.config.errors import Problems, did_you_mean
 from rl.core.config.merge import flatten
 from rl.core.config.yaml_io import parse_text
 
-_MEGATRON = "trainer.policy.megatron_config."
 _OPTIMIZER = "trainer.policy.optimizer_config."
 _ALGORITHM = "trainer.algorithm."
-_DTENSOR = {
-    "cpu_offload": "trainer.policy.fsdp_config.cpu_offload",
-    "activation_checkpointing": "trainer.gradient_checkpointing",
-}
 
 KEY_MAP: dict[str, str] = {
     "policy.model_name": "trainer.policy.model.path",
@@ -34,13 +30,6 @@ KEY_MAP: dict[str, str] = {
     "policy.optimizer.kwargs.lr": _OPTIMIZER + "lr",
     "policy.optimizer.kwargs.weight_decay": _OPTIMIZER + "weight_decay",
     "policy.optimizer.kwargs.betas": _OPTIMIZER + "betas",
-    "policy.megatron_cfg.tensor_model_parallel_size": _MEGATRON + "tensor_model_parallel_size",
-    "policy.megatron_cfg.pipeline_model_parallel_size": _MEGATRON + "pipeline_model_parallel_size",
-    "policy.megatron_cfg.expert_model_parallel_size": _MEGATRON + "expert_model_parallel_size",
-    "policy.megatron_cfg.sequence_parallel": _MEGATRON + "sequence_parallel",
-    "policy.megatron_cfg.optimizer.optimizer_cpu_offload": _MEGATRON + "optimizer_cpu_offload",
-    **{f"policy.dtensor_cfg.{name}": target for name, target in _DTENSOR.items()},
-    **{f"policy.dtensor_config.{name}": target for name, target in _DTENSOR.items()},
     "policy.generation.backend": "generator.backend",
     "policy.generation.temperature": "generator.temperature",
     "policy.generation.top_p": "generator.top_p",
@@ -61,23 +50,25 @@ KEY_MAP: dict[str, str] = {
     "checkpointing.checkpoint_dir": "trainer.ckpt_path",
     "checkpointing.save_period": "trainer.ckpt_interval",
 }
-"""NeMo RL key -> this project's key, for keys whose values mean the same in both."""
+"""NeMo RL key -> this project's key, for keys whose values mean the same in both (the strategies add theirs)."""
 
-STRATEGY_FLAGS: dict[str, str] = {
-    "policy.megatron_cfg.enabled": "megatron",
-    "policy.dtensor_cfg.enabled": "fsdp2",
-    "policy.dtensor_config.enabled": "fsdp2",
-}
-"""NeMo RL backend switch -> the strategy it selects when true."""
 
-STRATEGY_PRECEDENCE = ("megatron", "fsdp2")
-"""When several switches are on, the first of these that is enabled wins."""
+def key_map() -> dict[str, str]:
+    """KEY_MAP with every registered strategy's NeMo RL keys."""
+    found = dict(KEY_MAP)
+    for name in strategies.STRATEGIES:
+        found.update(strategies.STRATEGIES.get(name).nemo_keys)
+    return found
 
-NAMESPACES = frozenset(key.split(".")[0] for key in (*KEY_MAP, *STRATEGY_FLAGS))
+
+def strategy_flags() -> dict[str, str]:
+    """NeMo RL backend switch -> the strategy it selects when true."""
+    return {flag: name for name in strategies.STRATEGIES for flag in strategies.STRATEGIES.get(name).nemo_flags}
 
 
 def is_nemo_key(key: str) -> bool:
-    return key.split(".")[0] in NAMESPACES
+    namespaces = {known.split(".")[0] for known in (*key_map(), *strategy_flags())}
+    return key.split(".")[0] in namespaces
 
 
 def translate(items: Sequence[tuple[str, Any]], problems: Problems) -> list[tuple[str, Any]]:
@@ -85,17 +76,18 @@ def translate(items: Sequence[tuple[str, Any]], problems: Problems) -> list[tupl
 
     Values may be parsed YAML (from a file) or override text; only the strategy switches are read here.
     """
-    enabled = [key for key, value in items if key in STRATEGY_FLAGS and _flag(key, value, problems)]
-    strategy = _choose_strategy(enabled, problems)
+    flags, mapping = strategy_flags(), key_map()
+    enabled = [key for key, value in items if key in flags and _flag(key, value, flags, problems)]
+    strategy = _choose_strategy(enabled, flags, problems)
     translated: list[tuple[str, Any]] = []
     for key, value in items:
-        if key in STRATEGY_FLAGS:
+        if key in flags:
             if enabled and key == enabled[0]:
                 translated.append(("trainer.strategy", strategy))
-        elif key in KEY_MAP:
-            translated.append((KEY_MAP[key], value))
+        elif key in mapping:
+            translated.append((mapping[key], value))
         elif is_nemo_key(key):
-            supported = [*KEY_MAP, *STRATEGY_FLAGS]
+            supported = [*mapping, *flags]
             problems.add(
                 key,
                 f"NeMo RL key not supported{did_you_mean(key, supported)}; use the matching key of this "
@@ -113,22 +105,22 @@ def split_file(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str,
     return native, flatten(nemo)
 
 
-def _flag(key: str, value: Any, problems: Problems) -> bool:
+def _flag(key: str, value: Any, flags: dict[str, str], problems: Problems) -> bool:
     try:
         parsed = parse_text(value) if isinstance(value, str) else value
     except yaml.YAMLError:
         parsed = value
     if isinstance(parsed, bool):
         return parsed
-    problems.add(key, f"expected true or false, got {value!r}; true selects trainer.strategy={STRATEGY_FLAGS[key]}")
+    problems.add(key, f"expected true or false, got {value!r}; true selects trainer.strategy={flags[key]}")
     return False
 
 
-def _choose_strategy(enabled: list[str], problems: Problems) -> str | None:
-    strategies = {STRATEGY_FLAGS[key] for key in enabled}
-    if not strategies:
+def _choose_strategy(enabled: list[str], flags: dict[str, str], problems: Problems) -> str | None:
+    names = {flags[key] for key in enabled}
+    if not names:
         return None
-    chosen = next(name for name in STRATEGY_PRECEDENCE if name in strategies)
-    if len(strategies) > 1:
+    chosen = max(sorted(names), key=lambda name: strategies.STRATEGIES.get(name).nemo_priority)
+    if len(names) > 1:
         problems.warn(f"both {' and '.join(sorted(set(enabled)))} are enabled; using trainer.strategy={chosen}")
     return chosen

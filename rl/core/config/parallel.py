@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rl.core.config import strategies
 from rl.core.config.schema import Config
 
 
@@ -12,7 +13,7 @@ class ParallelSizes:
     world: int
     """policy_num_nodes * policy_num_gpus_per_node."""
     data_parallel: int
-    """Ranks that see different data: world / sequence_parallel_size, or world / (TP * PP) for megatron."""
+    """Ranks that see different data: world / the strategy's model-parallel size (ranks that share a shard)."""
     how: str
     """How data_parallel was derived, for error messages."""
 
@@ -35,21 +36,13 @@ def ref_world_size(cfg: Config) -> int:
     return nodes * gpus
 
 
-def model_parallel_size(cfg: Config) -> tuple[int, str]:
-    """(ranks that share one data shard, description) for the configured strategy."""
-    if cfg.trainer.strategy == "megatron":
-        mc = cfg.trainer.policy.megatron_config
-        return mc.tensor_model_parallel_size * mc.pipeline_model_parallel_size, (
-            f"TP {mc.tensor_model_parallel_size} * PP {mc.pipeline_model_parallel_size}"
-        )
-    size = cfg.trainer.policy.sequence_parallel_size
-    return size, f"sequence_parallel_size {size}"
-
-
 def parallel_sizes(cfg: Config) -> ParallelSizes | None:
     """The sizes, or None when the model-parallel size does not divide the world (validation reports that)."""
+    strategy = strategies.selected(cfg)
+    if strategy is None:
+        return None
     world = policy_world_size(cfg)
-    group, how = model_parallel_size(cfg)
+    group, how = strategy.model_parallel_size(cfg)
     if world < 1 or group < 1 or world % group:
         return None
     return ParallelSizes(world=world, data_parallel=world // group, how=f"world {world} / {how}")

@@ -1,14 +1,15 @@
 """The typed config tree. Each field's docstring is its reference documentation.
 
 The dataclasses carry types; every value, defaults included, comes from `defaults.yaml` (a test checks that the two
-name the same keys). Build a `Config` with `load_config` or `config_from_dict`, which check types and values.
+name the same keys). The training strategies' own blocks (`trainer.policy.fsdp_config`, `deepspeed_config`, ...) are
+declared, with their defaults, by the strategies in `rl/backends` (see `rl.core.config.strategies`). Build a
+`Config` with `load_config` or `config_from_dict`, which check types and values.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from rl.core.config.schema_backends import DeepSpeedConfig, FSDPConfig, MegatronConfig
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(kw_only=True)
@@ -50,24 +51,26 @@ class PolicyConfig:
     optimizer_config: OptimizerConfig
     """Optimizer and learning-rate schedule."""
 
-    fsdp_config: FSDPConfig
-    """Strategies `fsdp` and `fsdp2` only."""
-
     sequence_parallel_size: int
     """Ulysses sequence-parallel size (SkyRL's key): each sequence split over this many ranks, data-parallel size
     world / sequence_parallel_size. Only 1 is accepted for now: no backend implements Ulysses yet. With `megatron`
     use `megatron_config.sequence_parallel`."""
 
-    megatron_config: MegatronConfig
-    """Strategy `megatron` only."""
+    use_fused_kernels: bool
+    """veRL's `use_fused_kernels`: the policy loss (and the policy's and reference's logprob passes) go from the
+    last hidden states and the LM-head weight straight to the loss, a chunk of tokens at a time, through
+    `trainer.kernels` (the fused Triton/CUDA loss kernel on GPU, torch on CPU), so the [tokens, vocabulary] logits
+    never exist: same loss and gradients, far less peak memory at large vocabularies. Strategies fsdp, fsdp2 and
+    deepspeed (not megatron yet); policy losses with a kernel formula only (not `gspo`)."""
+
+    fused_kernel_chunk_size: int | None
+    """Tokens per chunk of `use_fused_kernels`; null picks about 128 MiB of fp32 logits per chunk."""
 
 
 @dataclass(kw_only=True)
 class RefConfig:
-    """The frozen reference model used for the KL term; it loads the policy's initial weights."""
-
-    fsdp_config: FSDPConfig
-    """Strategies `fsdp` and `fsdp2` only. CPU offload is allowed here with either."""
+    """The frozen reference model used for the KL term; it loads the policy's initial weights. Its settings are in
+    the strategies' blocks (`trainer.ref.fsdp_config`)."""
 
 
 @dataclass(kw_only=True)
@@ -294,5 +297,7 @@ class Config:
     data: DataConfig
     """Datasets and reward."""
 
-    deepspeed_config: DeepSpeedConfig
-    """Strategy `deepspeed` only."""
+    blocks: dict[str, Any] = field(default_factory=dict, metadata={"strategy_blocks": True})
+    """The strategies' own config blocks, by dotted key (`trainer.policy.megatron_config`), typed by the strategy
+    that declares them (`rl.core.config.strategies`); in YAML and overrides they sit at those keys. Filled by the
+    loader, not a key of its own."""

@@ -1,20 +1,18 @@
 """Validation of a built config: every check runs, and all problems are raised together in one ConfigError.
 
 Rules (world = trainer.placement.policy_num_nodes * policy_num_gpus_per_node):
-- values: names from rl/core/config/choices.py; batch sizes, lengths, sample counts and parallel sizes >= 1;
+- values: names from rl/core/config/choices.py and the strategy registry; batch sizes, lengths, sample counts >= 1;
   lr, weight_decay, max_grad_norm, eps_clip_*, kl/entropy coefficients >= 0; clip_ratio_c > 1; gamma and lambd in
-  [0, 1]; temperature > 0; eval_temperature >= 0 (0 = greedy); top_p in (0, 1]; top_k -1 or >= 1; fsdp_size -1 or
-  >= 1; betas two numbers in [0, 1); resume_mode none, latest or an existing directory.
+  [0, 1]; temperature > 0; eval_temperature >= 0 (0 = greedy); top_p in (0, 1]; top_k -1 or >= 1; betas two
+  numbers in [0, 1); resume_mode none, latest or an existing directory.
 - batches: train_batch_size % policy_mini_batch_size == 0 and (policy_mini_batch_size * n_samples_per_prompt) %
-  (micro_train_batch_size_per_gpu * DP) == 0, with DP = world / sequence_parallel_size, or world / (TP * PP) for
-  megatron.
-- megatron: world % (TP * PP) == 0; with EP > 1, world % (TP * EP * PP) == 0; sequence_parallel needs TP > 1.
-- backends: knobs of a backend that is not selected are errors (checks_backends.py); policy CPU offload is not
-  supported by strategy fsdp; fsdp_size must divide its model's world; sequence_parallel_size must divide the world.
+  (micro_train_batch_size_per_gpu * DP) == 0, with DP = world / the strategy's model-parallel size.
+- strategy (checks_backends.py): knobs of a strategy that is not selected are errors; the selected strategy checks
+  its own blocks (parallel layouts, offload limits, ...) and refuses options it does not implement.
 - algorithm: grpo and rloo need n_samples_per_prompt >= 2.
 - placement: colocate_all needs equal policy and reference placements.
-- not yet supported (checks_support.py): generator.backend vllm, advantage_estimator gae, Ulysses
-  sequence_parallel_size > 1, colocate_all false.
+- not yet supported (checks_support.py, checks_backends.py): generator.backend vllm, advantage_estimator gae,
+  Ulysses sequence_parallel_size > 1, colocate_all false.
 """
 
 from __future__ import annotations
@@ -26,18 +24,16 @@ from rl.core.config.errors import Problems
 from rl.core.config.schema import Config
 
 CHECKS: tuple[Callable[[Config, Problems], None], ...] = (
+    checks_values.check_strategy_name,
     checks_values.check_rules,
+    checks_values.check_fused_kernels,
     checks_values.check_strings,
     checks_values.check_lists,
     checks_values.check_resume_mode,
     checks_combos.check_batch_sizes,
-    checks_combos.check_megatron_layout,
-    checks_combos.check_sequence_parallel,
-    checks_combos.check_fsdp_sizes,
     checks_combos.check_group_advantages,
     checks_combos.check_colocation,
-    checks_backends.check_backend_blocks,
-    checks_backends.check_fsdp1_offload,
+    checks_backends.check_strategy,
     checks_support.check_unsupported,
 )
 

@@ -1,6 +1,7 @@
 """Torch-facing wrappers of the CUDA extension: same signatures and results as rl/kernels/reference.
 
-Tensors go to the extension as `data_ptr()` with torch's current stream, so no libtorch C++ is involved.
+Tensors go to the extension as `data_ptr()` with torch's current stream, so no libtorch C++ is involved. The
+kernels go through the shared autograd wrappers of rl/kernels/autograd.py as `KERNELS`.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import torch
 from torch import Tensor
 
 from rl.core.algorithms import LossNormalizer, LossSettings
+from rl.kernels.autograd import FusedLoss, LossKernels, TokenLogprobs
 from rl.kernels.cuda.loader import require
 from rl.kernels.reference.packing import check_lengths
 from rl.kernels.reference.policy_terms import metrics_dict, plan_loss
@@ -95,51 +97,44 @@ def unpack(packed: Tensor, lengths: Tensor, width: int, pad_value: float = 0) ->
     return out
 
 
-class _TokenLogprobs(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, targets, temperature):
-        n, vocab = logits.shape
-        lp, ent, lse = (torch.empty(n, dtype=torch.float32, device=logits.device) for _ in range(3))
-        require().logprobs_forward(
-            logits.data_ptr(),
-            _dtype_code(logits),
-            targets.data_ptr(),
-            lp.data_ptr(),
-            ent.data_ptr(),
-            lse.data_ptr(),
-            n,
-            vocab,
-            logits.stride(0),
-            1.0 / temperature,
-            _stream(logits),
-        )
-        ctx.save_for_backward(logits, targets, lse, ent)
-        ctx.temperature = temperature
-        return lp, ent
+def _forward(logits: Tensor, targets: Tensor, temperature: float):
+    n, vocab = logits.shape
+    lp, ent, lse = (torch.empty(n, dtype=torch.float32, device=logits.device) for _ in range(3))
+    require().logprobs_forward(
+        logits.data_ptr(),
+        _dtype_code(logits),
+        targets.data_ptr(),
+        lp.data_ptr(),
+        ent.data_ptr(),
+        lse.data_ptr(),
+        n,
+        vocab,
+        logits.stride(0),
+        1.0 / temperature,
+        _stream(logits),
+    )
+    return lp, ent, lse
 
-    @staticmethod
-    def backward(ctx, grad_lp, grad_ent):
-        logits, targets, lse, ent = ctx.saved_tensors
-        grad_lp = torch.zeros_like(lse) if grad_lp is None else _f32(grad_lp)
-        grad_ent = torch.zeros_like(lse) if grad_ent is None else _f32(grad_ent)
-        grad = torch.empty_like(logits)
-        n, vocab = logits.shape
-        require().logprobs_backward(
-            logits.data_ptr(),
-            _dtype_code(logits),
-            targets.data_ptr(),
-            lse.data_ptr(),
-            ent.data_ptr(),
-            grad_lp.data_ptr(),
-            grad_ent.data_ptr(),
-            grad.data_ptr(),
-            n,
-            vocab,
-            logits.stride(0),
-            1.0 / ctx.temperature,
-            _stream(logits),
-        )
-        return grad, None, None
+
+def _backward(logits: Tensor, targets: Tensor, temperature: float, lse, ent, grad_lp, grad_ent) -> Tensor:
+    grad = torch.empty_like(logits)
+    n, vocab = logits.shape
+    require().logprobs_backward(
+        logits.data_ptr(),
+        _dtype_code(logits),
+        targets.data_ptr(),
+        lse.data_ptr(),
+        ent.data_ptr(),
+        _f32(grad_lp).data_ptr(),
+        _f32(grad_ent).data_ptr(),
+        grad.data_ptr(),
+        n,
+        vocab,
+        logits.stride(0),
+        1.0 / temperature,
+        _stream(logits),
+    )
+    return grad
 
 
 def _prepare(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -151,59 +146,52 @@ def _prepare(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
 
 def token_logprobs_entropy(logits: Tensor, targets: Tensor, temperature: float = 1.0):
     logits, targets = _prepare(logits, targets)
-    return _TokenLogprobs.apply(logits, targets, float(temperature))
+    return TokenLogprobs.apply(KERNELS, logits, targets, float(temperature))
 
 
-class _FusedLoss(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, targets, old, adv, ref, plan, temperature):
-        n, vocab = logits.shape
-        token_loss = torch.zeros(n, dtype=torch.float32, device=logits.device)
-        metrics = torch.zeros(n, 6, dtype=torch.float32, device=logits.device)
-        grad = torch.empty_like(logits)
-        has_ref = ref is not None
-        old, adv = _f32(old), _f32(adv)
-        ref = _f32(ref) if has_ref else old
-        weights = [_f32(w) for w in (plan.weight, plan.metric_weight, plan.token_weight)]
-        settings = {
-            "policy": plan.policy,
-            "kl": plan.kl,
-            "has_ref": has_ref,
-            "use_kl": plan.use_kl,
-            "use_entropy": plan.use_entropy,
-            "inv_temp": 1.0 / temperature,
-            "eps_low": plan.eps_clip_low,
-            "eps_high": plan.eps_clip_high,
-            "clip_c": plan.clip_ratio_c,
-            "kl_coef": plan.kl_coef,
-            "entropy_coef": plan.entropy_coef,
-        }
-        require().fused_loss(
-            logits.data_ptr(),
-            _dtype_code(logits),
-            targets.data_ptr(),
-            old.data_ptr(),
-            adv.data_ptr(),
-            ref.data_ptr(),
-            *(w.data_ptr() for w in weights),
-            token_loss.data_ptr(),
-            metrics.data_ptr(),
-            grad.data_ptr(),
-            n,
-            vocab,
-            logits.stride(0),
-            settings,
-            _stream(logits),
-        )
-        ctx.save_for_backward(grad)
-        totals = metrics.sum(0)
-        ctx.mark_non_differentiable(totals)
-        return token_loss.sum(), totals
+def _loss_forward(logits, targets, old, adv, ref, plan, temperature):
+    n, vocab = logits.shape
+    token_loss = torch.zeros(n, dtype=torch.float32, device=logits.device)
+    metrics = torch.zeros(n, 6, dtype=torch.float32, device=logits.device)
+    grad = torch.empty_like(logits)
+    has_ref = ref is not None
+    old, adv = _f32(old), _f32(adv)
+    ref = _f32(ref) if has_ref else old
+    weights = [_f32(w) for w in (plan.weight, plan.metric_weight, plan.token_weight)]
+    settings = {
+        "policy": plan.policy,
+        "kl": plan.kl,
+        "has_ref": has_ref,
+        "use_kl": plan.use_kl,
+        "use_entropy": plan.use_entropy,
+        "inv_temp": 1.0 / temperature,
+        "eps_low": plan.eps_clip_low,
+        "eps_high": plan.eps_clip_high,
+        "clip_c": plan.clip_ratio_c,
+        "kl_coef": plan.kl_coef,
+        "entropy_coef": plan.entropy_coef,
+    }
+    require().fused_loss(
+        logits.data_ptr(),
+        _dtype_code(logits),
+        targets.data_ptr(),
+        old.data_ptr(),
+        adv.data_ptr(),
+        ref.data_ptr(),
+        *(w.data_ptr() for w in weights),
+        token_loss.data_ptr(),
+        metrics.data_ptr(),
+        grad.data_ptr(),
+        n,
+        vocab,
+        logits.stride(0),
+        settings,
+        _stream(logits),
+    )
+    return token_loss, metrics, grad
 
-    @staticmethod
-    def backward(ctx, grad_loss, _grad_totals):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_loss.to(grad.dtype), None, None, None, None, None, None
+
+KERNELS = LossKernels("cuda", _forward, _backward, _loss_forward)
 
 
 def fused_policy_loss(
@@ -224,5 +212,7 @@ def fused_policy_loss(
     if settings.use_kl_loss and ref_logprobs is None:
         raise ValueError("trainer.algorithm.use_kl_loss is on but no ref_logprobs were given")
     plan = plan_loss(settings, normalizer, loss_mask, seq_ids, num_sequences)
-    loss, totals = _FusedLoss.apply(logits, targets, old_logprobs, advantages, ref_logprobs, plan, float(temperature))
+    loss, totals = FusedLoss.apply(
+        KERNELS, logits, targets, old_logprobs, advantages, ref_logprobs, plan, float(temperature)
+    )
     return loss, metrics_dict(plan, totals, ref_logprobs is not None)

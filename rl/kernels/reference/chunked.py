@@ -3,18 +3,18 @@
 Only two [chunk, V] fp32 buffers (reused by every chunk) exist at once, never all [N, V].
 `chunked_token_logprobs` recomputes a chunk's logits in backward; `chunked_policy_loss` knows the per-token loss
 gradients as soon as a chunk's logprobs exist, so it computes grad_hidden / grad_weight in the forward and the
-backward only scales them (three matmuls in all, like the unchunked eager path).
+backward only scales them (three matmuls in all, like the unchunked eager path). Its autograd wrapper is the one
+every implementation shares (`rl.kernels.autograd.ChunkedLoss`); this file gives it the CPU chunk loss.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 from torch import Tensor
 
 from rl.core.algorithms import LossNormalizer, LossSettings
-from rl.kernels.reference.policy_terms import LossPlan, loss_terms, metrics_dict, plan_loss
+from rl.kernels.autograd import ChunkedLoss, ChunkLoss, backprop_chunk
+from rl.kernels.reference.policy_terms import loss_terms, metrics_dict, plan_loss
 
 # Logit elements per chunk (32 Mi fp32 = 128 MiB): the token chunk is this divided by the vocabulary size.
 CHUNK_ELEMENTS = 1 << 25
@@ -26,7 +26,7 @@ def token_chunk(num_tokens: int, vocab: int, chunk_size: int | None) -> int:
     return max(1, min(max(num_tokens, 1), CHUNK_ELEMENTS // vocab))
 
 
-def _check(hidden: Tensor, weight: Tensor, targets: Tensor) -> None:
+def check_hidden(hidden: Tensor, weight: Tensor, targets: Tensor) -> None:
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
             f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and {tuple(weight.shape)}"
@@ -73,13 +73,6 @@ def _chunk_grad_logits(logp, p, entropy, targets_c, grad_lp, grad_h, temperature
     return grad.div_(temperature) if temperature != 1.0 else grad
 
 
-def _backprop_chunk(grad_logits, hidden_c, weight, grad_weight) -> Tensor:
-    grad_logits = grad_logits.to(weight.dtype)
-    if grad_weight is not None:
-        grad_weight.addmm_(grad_logits.T.to(grad_weight.dtype), hidden_c.to(grad_weight.dtype))
-    return grad_logits @ weight
-
-
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk):
@@ -106,7 +99,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
             logp, p, _, entropy = _chunk_softmax(hidden[sl], weight, targets[sl], ctx.temperature, ws)
             g_h = None if grad_h is None else grad_h[sl]
             g = _chunk_grad_logits(logp, p, entropy, targets[sl], grad_lp[sl], g_h, ctx.temperature)
-            grad_hidden[sl] = _backprop_chunk(g, hidden[sl], weight, grad_weight)
+            grad_hidden[sl] = backprop_chunk(g, hidden[sl], weight, grad_weight)
         grad_weight = grad_weight.to(weight.dtype) if grad_weight is not None else None
         return grad_hidden, grad_weight, None, None, None
 
@@ -115,51 +108,26 @@ def chunked_token_logprobs(
     hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float = 1.0, chunk_size: int | None = None
 ) -> tuple[Tensor, Tensor]:
     """(logprob [N], entropy [N]) fp32 of softmax(hidden @ weight.T / T), differentiable w.r.t. hidden and weight."""
-    _check(hidden, weight, targets)
+    check_hidden(hidden, weight, targets)
     chunk = token_chunk(hidden.shape[0], weight.shape[0], chunk_size)
     return _ChunkedLogprobs.apply(hidden, weight, targets, float(temperature), chunk)
 
 
-def _slice_plan(plan: LossPlan, sl: slice) -> LossPlan:
-    return dataclasses.replace(
-        plan, weight=plan.weight[sl], metric_weight=plan.metric_weight[sl], token_weight=plan.token_weight[sl]
-    )
+def reference_chunk_loss(rows: int, vocab: int, device: torch.device, with_entropy: bool) -> ChunkLoss:
+    """The CPU chunk loss for `autograd.ChunkedLoss`: in-place torch over one reused workspace."""
+    ws = _Workspace(rows, vocab, device)
 
+    def chunk_loss(hidden_c, weight, targets_c, old_c, adv_c, ref_c, plan_c, temperature, need_grad):
+        logp, p, lp, entropy = _chunk_softmax(hidden_c, weight, targets_c, temperature, ws, with_entropy)
+        old_c = lp if old_c is None else old_c  # on-policy: this forward's own logprobs (ratio exactly 1)
+        token_loss, g_lp, g_h, metrics = loss_terms(plan_c, lp, entropy, old_c, adv_c, ref_c)
+        grad = None
+        if need_grad:
+            grad = _chunk_grad_logits(logp, p, entropy, targets_c, g_lp, g_h if plan_c.use_entropy else None,
+                                      temperature)
+        return token_loss.sum(), metrics.sum(0), grad
 
-class _ChunkedLoss(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, old, adv, ref, plan, temperature, chunk, with_entropy):
-        want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_hidden = torch.empty_like(hidden) if want_hidden else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
-        loss = torch.zeros((), device=hidden.device)
-        totals = torch.zeros(6, device=hidden.device)
-        ws = _Workspace(min(chunk, hidden.shape[0]), weight.shape[0], hidden.device)
-        for start in range(0, hidden.shape[0], chunk):
-            sl = slice(start, start + chunk)
-            logp, p, lp, entropy = _chunk_softmax(hidden[sl], weight, targets[sl], temperature, ws, with_entropy)
-            token_loss, g_lp, g_h, metrics = loss_terms(
-                _slice_plan(plan, sl), lp, entropy, old[sl], adv[sl], None if ref is None else ref[sl]
-            )
-            loss += token_loss.sum()
-            totals += metrics.sum(0)
-            if want_hidden or want_weight:
-                g = _chunk_grad_logits(
-                    logp, p, entropy, targets[sl], g_lp, g_h if plan.use_entropy else None, temperature
-                )
-                out = _backprop_chunk(g, hidden[sl], weight, grad_weight)
-                if want_hidden:
-                    grad_hidden[sl] = out
-        ctx.grads = (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype))
-        ctx.mark_non_differentiable(totals)
-        return loss, totals
-
-    @staticmethod
-    def backward(ctx, grad_loss, _grad_totals):
-        grad_hidden, grad_weight = ctx.grads
-        del ctx.grads
-        scale = lambda g: None if g is None else g * grad_loss.to(g.dtype)  # noqa: E731
-        return scale(grad_hidden), scale(grad_weight), None, None, None, None, None, None, None, None
+    return chunk_loss
 
 
 def chunked_policy_loss(
@@ -167,7 +135,7 @@ def chunked_policy_loss(
     hidden: Tensor,
     weight: Tensor,
     targets: Tensor,
-    old_logprobs: Tensor,
+    old_logprobs: Tensor | None,
     advantages: Tensor,
     loss_mask: Tensor,
     normalizer: LossNormalizer,
@@ -181,8 +149,9 @@ def chunked_policy_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """(loss, metrics) of `compute_policy_loss` on the logprobs of softmax(hidden @ weight.T / T), flat [N] tokens,
     without ever holding the [N, V] logits; differentiable w.r.t. hidden and weight. The ``entropy`` metric is
-    computed when `with_entropy` (default: when trainer.algorithm.use_entropy_loss needs it)."""
-    _check(hidden, weight, targets)
+    computed when `with_entropy` (default: when trainer.algorithm.use_entropy_loss needs it). `old_logprobs=None`
+    is on-policy, as in `compute_policy_loss`: the old logprobs are these, detached."""
+    check_hidden(hidden, weight, targets)
     if settings.use_kl_loss and ref_logprobs is None:
         raise ValueError("trainer.algorithm.use_kl_loss is on but no ref_logprobs were given")
     plan = plan_loss(settings, normalizer, loss_mask, seq_ids, num_sequences)
@@ -190,7 +159,8 @@ def chunked_policy_loss(
     with_entropy = (
         settings.use_entropy_loss if with_entropy is None else bool(with_entropy or settings.use_entropy_loss)
     )
-    loss, totals = _ChunkedLoss.apply(
-        hidden, weight, targets, old_logprobs, advantages, ref_logprobs, plan, float(temperature), chunk, with_entropy
+    chunk_loss = reference_chunk_loss(min(chunk, hidden.shape[0]), weight.shape[0], hidden.device, with_entropy)
+    loss, totals = ChunkedLoss.apply(
+        chunk_loss, hidden, weight, targets, old_logprobs, advantages, ref_logprobs, plan, float(temperature), chunk
     )
     return loss, metrics_dict(plan, totals, ref_logprobs is not None, has_entropy=with_entropy)

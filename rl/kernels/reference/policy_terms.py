@@ -23,6 +23,11 @@ from rl.core.algorithms.segments import count_segments, resolve_seq_ids, segment
 
 POLICY_CODES = {"regular": 0, "dual_clip": 1, "cispo": 2}
 KL_CODES = {"k1": 0, "abs": 1, "k2": 2, "k3": 3}
+UNFUSED_POLICY_LOSSES = {
+    "gspo": "its ratio is a sequence mean of logprobs, known only after every token of the sequence is scored",
+}
+"""Registered policy losses the kernels leave to the logits path, and why; the config refuses them with
+trainer.policy.use_fused_kernels (rl/core/config/checks_values.py)."""
 
 
 @dataclass(frozen=True)

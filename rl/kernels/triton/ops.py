@@ -1,4 +1,5 @@
-"""Python entry points of the Triton kernels: same signatures and results as rl/kernels/reference."""
+"""Python entry points of the Triton kernels: same signatures and results as rl/kernels/reference. The kernels go
+through the shared autograd wrappers of rl/kernels/autograd.py as `KERNELS`."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import triton
 from torch import Tensor
 
 from rl.core.algorithms import LossNormalizer, LossSettings
+from rl.kernels.autograd import FusedLoss, LossKernels, TokenLogprobs
 from rl.kernels.reference.packing import check_lengths
 from rl.kernels.reference.policy_terms import metrics_dict, plan_loss
 from rl.kernels.triton.logprobs_kernels import logprobs_bwd_kernel, logprobs_fwd_kernel
@@ -89,37 +91,16 @@ def _forward(logits: Tensor, targets: Tensor, temperature: float):
     return lp, ent, lse
 
 
-class _TokenLogprobs(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, targets, temperature):
-        lp, ent, lse = _forward(logits, targets, temperature)
-        ctx.save_for_backward(logits, targets, lse, ent)
-        ctx.temperature = temperature
-        return lp, ent
-
-    @staticmethod
-    def backward(ctx, grad_lp, grad_ent):
-        logits, targets, lse, ent = ctx.saved_tensors
-        grad_lp = torch.zeros_like(lse) if grad_lp is None else grad_lp.float().contiguous()
-        grad_ent = torch.zeros_like(lse) if grad_ent is None else grad_ent.float().contiguous()
-        grad = torch.empty_like(logits)
-        n, vocab = logits.shape
-        if n:
-            block = _block_v(vocab)
-            logprobs_bwd_kernel[(n, triton.cdiv(vocab, block))](
-                logits,
-                targets,
-                lse,
-                ent,
-                grad_lp,
-                grad_ent,
-                grad,
-                vocab,
-                logits.stride(0),
-                1.0 / ctx.temperature,
-                BLOCK_V=block,
-            )
-        return grad, None, None
+def _backward(logits: Tensor, targets: Tensor, temperature: float, lse, ent, grad_lp, grad_ent) -> Tensor:
+    grad = torch.empty_like(logits)
+    n, vocab = logits.shape
+    if n:
+        block = _block_v(vocab)
+        logprobs_bwd_kernel[(n, triton.cdiv(vocab, block))](
+            logits, targets, lse, ent, grad_lp, grad_ent, grad, vocab, logits.stride(0), 1.0 / temperature,
+            BLOCK_V=block,
+        )
+    return grad
 
 
 def _contiguous_logits(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -130,55 +111,48 @@ def _contiguous_logits(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]
 
 def token_logprobs_entropy(logits: Tensor, targets: Tensor, temperature: float = 1.0):
     logits, targets = _contiguous_logits(logits, targets)
-    return _TokenLogprobs.apply(logits, targets, float(temperature))
+    return TokenLogprobs.apply(KERNELS, logits, targets, float(temperature))
 
 
-class _FusedLoss(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, targets, old, adv, ref, plan, temperature):
-        n, vocab = logits.shape
-        device = logits.device
-        token_loss = torch.zeros(n, dtype=torch.float32, device=device)
-        metrics = torch.zeros(n, 6, dtype=torch.float32, device=device)
-        grad = torch.empty_like(logits)
-        if n:
-            f32 = lambda t: t.to(torch.float32).contiguous()  # noqa: E731
-            fused_loss_kernel[(n,)](
-                logits,
-                targets,
-                f32(old),
-                f32(adv),
-                f32(ref if ref is not None else old),
-                f32(plan.weight),
-                f32(plan.metric_weight),
-                f32(plan.token_weight),
-                token_loss,
-                metrics,
-                grad,
-                vocab,
-                logits.stride(0),
-                1.0 / temperature,
-                plan.eps_clip_low,
-                plan.eps_clip_high,
-                plan.clip_ratio_c,
-                plan.kl_coef,
-                plan.entropy_coef,
-                POLICY=plan.policy,
-                KL=plan.kl,
-                HAS_REF=ref is not None,
-                USE_KL=plan.use_kl,
-                USE_ENT=plan.use_entropy,
-                BLOCK_V=_block_v(vocab),
-            )
-        ctx.save_for_backward(grad)
-        totals = metrics.sum(0)
-        ctx.mark_non_differentiable(totals)
-        return token_loss.sum(), totals
+def _loss_forward(logits, targets, old, adv, ref, plan, temperature):
+    n, vocab = logits.shape
+    device = logits.device
+    token_loss = torch.zeros(n, dtype=torch.float32, device=device)
+    metrics = torch.zeros(n, 6, dtype=torch.float32, device=device)
+    grad = torch.empty_like(logits)
+    if n:
+        f32 = lambda t: t.to(torch.float32).contiguous()  # noqa: E731
+        fused_loss_kernel[(n,)](
+            logits,
+            targets,
+            f32(old),
+            f32(adv),
+            f32(ref if ref is not None else old),
+            f32(plan.weight),
+            f32(plan.metric_weight),
+            f32(plan.token_weight),
+            token_loss,
+            metrics,
+            grad,
+            vocab,
+            logits.stride(0),
+            1.0 / temperature,
+            plan.eps_clip_low,
+            plan.eps_clip_high,
+            plan.clip_ratio_c,
+            plan.kl_coef,
+            plan.entropy_coef,
+            POLICY=plan.policy,
+            KL=plan.kl,
+            HAS_REF=ref is not None,
+            USE_KL=plan.use_kl,
+            USE_ENT=plan.use_entropy,
+            BLOCK_V=_block_v(vocab),
+        )
+    return token_loss, metrics, grad
 
-    @staticmethod
-    def backward(ctx, grad_loss, _grad_totals):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_loss.to(grad.dtype), None, None, None, None, None, None
+
+KERNELS = LossKernels("triton", _forward, _backward, _loss_forward)
 
 
 def fused_policy_loss(
@@ -199,5 +173,7 @@ def fused_policy_loss(
     if settings.use_kl_loss and ref_logprobs is None:
         raise ValueError("trainer.algorithm.use_kl_loss is on but no ref_logprobs were given")
     plan = plan_loss(settings, normalizer, loss_mask, seq_ids, num_sequences)
-    loss, totals = _FusedLoss.apply(logits, targets, old_logprobs, advantages, ref_logprobs, plan, float(temperature))
+    loss, totals = FusedLoss.apply(
+        KERNELS, logits, targets, old_logprobs, advantages, ref_logprobs, plan, float(temperature)
+    )
     return loss, metrics_dict(plan, totals, ref_logprobs is not None)

@@ -92,10 +92,11 @@ def _one_step(info, strategy: str, options: dict, model_path: str, vocab: int) -
     from rl.backends.registry import build_backend
 
     torch.manual_seed(0)
-    options = dict(options)  # `gradient_checkpointing` is trainer.gradient_checkpointing, not a megatron_config key
+    options = dict(options)  # `gradient_checkpointing`, `use_fused_kernels`: trainer keys, not megatron_config ones
     micro_batches = options.pop("micro_batches", 1)
     spec = ModelSpec(path=model_path, role="policy", temperature=1.0, lr=1e-2, max_grad_norm=1e9,
-                     gradient_checkpointing=options.pop("gradient_checkpointing", False), backend_options=options)
+                     gradient_checkpointing=options.pop("gradient_checkpointing", False),
+                     fused_kernels=options.pop("use_fused_kernels", False), backend_options=options)
     backend = build_backend(strategy, spec, info)
     recompute = getattr(getattr(backend.model, "config", None), "recompute_granularity", None)
     layout = backend.data_parallel_rank()

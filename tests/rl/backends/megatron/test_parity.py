@@ -85,6 +85,10 @@ LAYOUTS = {
     "pp2-4-micro-batches": {"pipeline_model_parallel_size": 2, "micro_batches": 4},
     "tp2-4-micro-batches": {"tensor_model_parallel_size": 2, "micro_batches": 4},
     "dp2-2-micro-batches": {"micro_batches": 2},
+    "tp2-fused-loss": {"tensor_model_parallel_size": 2, "use_fused_kernels": True},
+    "tp2-sp-fused-loss": {"tensor_model_parallel_size": 2, "sequence_parallel": True, "use_fused_kernels": True,
+                          "micro_batches": 2},
+    "pp2-fused-loss": {"pipeline_model_parallel_size": 2, "use_fused_kernels": True, "micro_batches": 4},
 }
 
 

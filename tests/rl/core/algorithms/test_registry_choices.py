@@ -3,6 +3,7 @@ LossSettings reads the loaded config."""
 
 import pytest
 
+import rl.backends.registry  # noqa: F401  (registers the training strategies the config names)
 from rl.core.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_REDUCTIONS, POLICY_LOSSES, LossSettings
 from rl.core.config import choices, load_config
 

@@ -5,17 +5,22 @@ from __future__ import annotations
 import ast
 import dataclasses
 import os
+import sys
 import typing
 
 import yaml
 
-from rl.core.config import DEFAULTS_PATH, Config, config_to_dict, load_config, parallel_sizes, schema, schema_backends
+import rl.backends.registry  # noqa: F401  (registers the training strategies the config names)
+from rl.core.config import DEFAULTS_PATH, Config, config_to_dict, load_config, parallel_sizes, schema
+from rl.core.config.strategies import block_types
 
 
 def _schema_keys(cls: type, prefix: str = "") -> set[str]:
     keys: set[str] = set()
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
+        if field.metadata.get("strategy_blocks"):
+            continue
         key = prefix + field.name
         keys.add(key)
         if dataclasses.is_dataclass(hints[field.name]):
@@ -23,23 +28,14 @@ def _schema_keys(cls: type, prefix: str = "") -> set[str]:
     return keys
 
 
-def _yaml_keys(data: dict, prefix: str = "", free: frozenset[str] = frozenset()) -> set[str]:
+def _yaml_keys(data: dict, prefix: str = "") -> set[str]:
     keys: set[str] = set()
     for name, value in data.items():
         key = prefix + name
         keys.add(key)
-        if isinstance(value, dict) and key not in free:
-            keys |= _yaml_keys(value, key + ".", free)
+        if isinstance(value, dict):
+            keys |= _yaml_keys(value, key + ".")
     return keys
-
-
-def _free_dict_keys() -> frozenset[str]:
-    free = {
-        "trainer.policy.megatron_config.transformer_config_kwargs",
-        "deepspeed_config.train",
-        "deepspeed_config.eval",
-    }
-    return frozenset(free)
 
 
 def test_defaults_load_and_validate():
@@ -50,7 +46,7 @@ def test_defaults_load_and_validate():
 def test_yaml_and_dataclasses_name_the_same_keys():
     with open(DEFAULTS_PATH, encoding="utf-8") as handle:
         data = yaml.safe_load(handle)
-    from_yaml = _yaml_keys(data, free=_free_dict_keys())
+    from_yaml = _yaml_keys(data)
     from_schema = _schema_keys(Config)
     assert from_schema - from_yaml == set(), "dataclass fields without a default in defaults.yaml"
     assert from_yaml - from_schema == set(), "defaults.yaml keys without a dataclass field"
@@ -60,6 +56,8 @@ def test_dataclasses_carry_no_default_values():
     def walk(cls: type) -> None:
         hints = typing.get_type_hints(cls)
         for field in dataclasses.fields(cls):
+            if field.metadata.get("strategy_blocks"):  # filled by the loader from the strategies' blocks
+                continue
             assert field.default is dataclasses.MISSING, f"{cls.__name__}.{field.name} has a default in Python"
             assert field.default_factory is dataclasses.MISSING, f"{cls.__name__}.{field.name} has a default factory"
             if dataclasses.is_dataclass(hints[field.name]):
@@ -68,11 +66,27 @@ def test_dataclasses_carry_no_default_values():
     walk(Config)
 
 
+def test_strategy_blocks_stay_out_of_defaults_yaml_and_take_their_dataclass_defaults():
+    """A strategy's block has one source of defaults: its dataclass (in rl/backends)."""
+    with open(DEFAULTS_PATH, encoding="utf-8") as handle:
+        in_yaml = _yaml_keys(yaml.safe_load(handle))
+    tree = config_to_dict(load_config([]))
+    for key, block in block_types().items():
+        assert key not in in_yaml
+        node = tree
+        for segment in key.split("."):
+            node = node[segment]
+        assert node == dataclasses.asdict(block())
+
+
 def test_every_field_has_a_docstring():
-    for module in (schema, schema_backends):
+    block_names = {block.__name__ for block in block_types().values()}
+    modules = {schema, *(sys.modules[block.__module__] for block in block_types().values())}
+    for module in modules:
         with open(module.__file__, encoding="utf-8") as handle:
             tree = ast.parse(handle.read())
-        for cls in (node for node in tree.body if isinstance(node, ast.ClassDef)):
+        for cls in (node for node in tree.body if isinstance(node, ast.ClassDef)
+                    if module is schema or node.name in block_names):
             body = cls.body
             for index, stmt in enumerate(body):
                 if isinstance(stmt, ast.AnnAssign):
@@ -98,8 +112,8 @@ def test_defaults_match_the_documented_values():
     assert (algorithm.use_entropy_loss, algorithm.entropy_loss_coef) == (False, 0.01)
     assert (algorithm.gamma, algorithm.lambd) == (1.0, 1.0)
     assert (cfg.data.prompt_key, cfg.data.answer_key, cfg.data.reward_fn) == ("prompt", "answer", "gsm8k")
-    assert cfg.trainer.policy.fsdp_config.fsdp_size == -1
-    assert cfg.deepspeed_config.train == {} and cfg.deepspeed_config.eval == {}
+    assert cfg.blocks["trainer.policy.fsdp_config"].fsdp_size == -1
+    assert cfg.blocks["deepspeed_config"].train == {} and cfg.blocks["deepspeed_config"].eval == {}
 
 
 def test_user_paths_are_expanded():

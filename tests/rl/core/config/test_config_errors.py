@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+import rl.backends.registry  # noqa: F401  (registers the training strategies the config names)
 from rl.core.config import ConfigError, load_config, ref_world_size
 
 WORLD_4 = ["trainer.placement.policy_num_gpus_per_node=4", "trainer.placement.ref_num_gpus_per_node=4"]
@@ -81,7 +82,7 @@ BAD = {
     ),
     "empty_train_data": Bad(["data.train_data=[]"], "data.train_data", ("at least one",)),
     # unknown names
-    "unknown_strategy": Bad(["trainer.strategy=fsdp3"], "trainer.strategy", ("fsdp, fsdp2, deepspeed, megatron",)),
+    "unknown_strategy": Bad(["trainer.strategy=fsdp3"], "trainer.strategy", ("deepspeed, fsdp, fsdp2, megatron",)),
     "unknown_strategy_flag": Bad([], "trainer.strategy", ("did you mean 'megatron'?",), strategy="megatorn"),
     "unknown_estimator": Bad(
         ["trainer.algorithm.advantage_estimator=grpoo"],
@@ -148,15 +149,20 @@ BAD = {
         MEGATRON + "sequence_parallel",
         ("tensor_model_parallel_size > 1",),
     ),
+    "megatron_with_kernels": Bad(
+        ["trainer.strategy=megatron", "trainer.kernels=triton"],
+        "trainer.kernels",
+        ("uses no rl.kernels implementation; set it to auto",),
+    ),
     "megatron_with_ulysses": Bad(
         [*WORLD_4, "trainer.strategy=megatron", "trainer.policy.sequence_parallel_size=2"],
         "trainer.policy.sequence_parallel_size",
-        ("must be 1 with trainer.strategy=megatron",),
+        ("set it to 1, and use trainer.policy.megatron_config.sequence_parallel=true",),
     ),
     "ulysses_not_dividing_world": Bad(
         [*WORLD_4, "trainer.policy.sequence_parallel_size=3"],
         "trainer.policy.sequence_parallel_size",
-        ("does not divide the world size 4",),
+        ("does not implement Ulysses sequence parallelism yet",),
     ),
     "fsdp1_policy_offload": Bad(
         ["trainer.strategy=fsdp", "trainer.policy.fsdp_config.cpu_offload=true"],

@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+import rl.backends.registry  # noqa: F401  (registers the training strategies the config names)
 from rl.core.config import ConfigError, load_config
 
 
@@ -54,7 +55,7 @@ def test_megatron_parallel_keys_map_onto_megatron_config():
             "trainer.placement.ref_num_gpus_per_node=8",
         ]
     )
-    mc = cfg.trainer.policy.megatron_config
+    mc = cfg.blocks["trainer.policy.megatron_config"]
     assert (mc.tensor_model_parallel_size, mc.pipeline_model_parallel_size, mc.expert_model_parallel_size) == (2, 2, 2)
     assert mc.sequence_parallel is True
 
@@ -100,7 +101,7 @@ def test_nemo_sections_in_a_file(tmp_path):
     )
     cfg = load_config([], config_file=str(path))
     assert cfg.trainer.strategy == "megatron"
-    assert cfg.trainer.policy.megatron_config.tensor_model_parallel_size == 2
+    assert cfg.blocks["trainer.policy.megatron_config"].tensor_model_parallel_size == 2
     assert cfg.trainer.policy.model.path == "my/model"
     assert cfg.generator.n_samples_per_prompt == 2
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import rl.backends.registry  # noqa: F401  (registers the training strategies the config names)
 from rl.core.config import ConfigError, load_config
 
 
@@ -56,7 +57,7 @@ def test_null_overrides():
     assert load_config(["trainer.run_name=~"]).trainer.run_name is None
     recompute = "trainer.policy.megatron_config.recompute_granularity"
     cfg = load_config(["trainer.strategy=megatron", f"{recompute}=selective", f"{recompute}=null"])
-    assert cfg.trainer.policy.megatron_config.recompute_granularity is None
+    assert cfg.blocks["trainer.policy.megatron_config"].recompute_granularity is None
 
 
 def test_string_keys_keep_text_as_written():
@@ -112,8 +113,8 @@ def test_free_form_dicts_take_nested_keys():
         ]
     )
     expected = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, "bf16": {"enabled": True}}
-    assert cfg.deepspeed_config.train == expected
-    assert cfg.deepspeed_config.eval == {}
+    assert cfg.blocks["deepspeed_config"].train == expected
+    assert cfg.blocks["deepspeed_config"].eval == {}
 
 
 def test_transformer_config_kwargs_free_dict():
@@ -124,7 +125,7 @@ def test_transformer_config_kwargs_free_dict():
             "trainer.policy.megatron_config.transformer_config_kwargs.attention_dropout=0.0",
         ]
     )
-    kwargs = cfg.trainer.policy.megatron_config.transformer_config_kwargs
+    kwargs = cfg.blocks["trainer.policy.megatron_config"].transformer_config_kwargs
     assert kwargs == {"num_layers_in_first_pipeline_stage": 3, "attention_dropout": 0.0}
 
 

@@ -7,6 +7,7 @@ import os
 import pytest
 import yaml
 
+import rl.backends.registry  # noqa: F401  (registers the training strategies the config names)
 from rl.core.config import Config, ConfigError, config_from_dict, config_to_dict, load_config, save_config
 
 _CUSTOM = [
@@ -34,7 +35,7 @@ def test_to_dict_is_a_copy():
     data["trainer"]["policy"]["optimizer_config"]["betas"].append(0.5)
     data["deepspeed_config"]["train"]["x"] = 1
     assert cfg.trainer.policy.optimizer_config.betas == [0.9, 0.999]
-    assert cfg.deepspeed_config.train == {}
+    assert cfg.blocks["deepspeed_config"].train == {}
 
 
 @pytest.mark.parametrize("overrides", [[], _CUSTOM], ids=["defaults", "custom"])

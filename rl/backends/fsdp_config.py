@@ -1,0 +1,84 @@
+"""Strategies `fsdp` and `fsdp2` as the config layer sees them: each model's `fsdp_config` block, its checks, and
+the NeMo RL DTensor keys (`policy.dtensor_cfg.*`) that select and configure `fsdp2`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+from rl.core.config.checks_values import check_rules, special_or_at_least_one
+from rl.core.config.errors import Problems
+from rl.core.config.parallel import policy_world_size, ref_world_size
+from rl.core.config.strategies import StrategyConfig
+
+POLICY_BLOCK = "trainer.policy.fsdp_config"
+REF_BLOCK = "trainer.ref.fsdp_config"
+
+
+@dataclass(kw_only=True)
+class FSDPConfig:
+    """Knobs of the `fsdp` and `fsdp2` strategies, for one model (policy or reference)."""
+
+    cpu_offload: bool = False
+    """Keep parameters (and, for the policy, gradients and optimizer state) in host memory between uses.
+    The policy cannot use it with strategy `fsdp`: FSDP1 cannot accumulate gradients outside `no_sync` with CPU
+    offload. Use `fsdp2`, or offload only the reference model (`trainer.ref.fsdp_config.cpu_offload`)."""
+
+    reshard_after_forward: bool = True
+    """Free the gathered parameters after each forward (ZeRO-3 style). `false` keeps them until after backward
+    (ZeRO-2 style): faster, more memory."""
+
+    fsdp_size: int = -1
+    """Number of ranks one parameter shard group spans; `-1` shards over the whole world. Any other value must divide
+    the world size; the groups are then replicated (HSDP)."""
+
+    @classmethod
+    def from_options(cls, options: dict | None) -> FSDPConfig:
+        """The block as the backend receives it (`ModelSpec.backend_options`); absent keys take their defaults."""
+        return cls(**(options or {}))
+
+
+def _dtensor_keys() -> dict[str, str]:
+    return {f"policy.{section}.{name}": target for section in ("dtensor_cfg", "dtensor_config")
+            for name, target in (("cpu_offload", POLICY_BLOCK + ".cpu_offload"),
+                                 ("activation_checkpointing", "trainer.gradient_checkpointing"))}
+
+
+class FSDP2Strategy(StrategyConfig):
+    name = "fsdp2"
+    backend = "rl.backends.fsdp2:FSDP2Backend"
+    blocks: ClassVar[dict[str, type]] = {POLICY_BLOCK: FSDPConfig, REF_BLOCK: FSDPConfig}
+    nemo_flags = ("policy.dtensor_cfg.enabled", "policy.dtensor_config.enabled")
+    nemo_priority = 1
+    nemo_keys: ClassVar[dict[str, str]] = _dtensor_keys()
+
+    def check(self, cfg, problems: Problems) -> None:
+        check_rules(cfg, problems, [special_or_at_least_one(f"{key}.fsdp_size", -1, "whole world")
+                                    for key in (POLICY_BLOCK, REF_BLOCK)])
+        for model, key, world in (("policy", POLICY_BLOCK, policy_world_size(cfg)),
+                                  ("ref", REF_BLOCK, ref_world_size(cfg))):
+            size = cfg.blocks[key].fsdp_size
+            if size >= 1 and world >= 1 and world % size:
+                problems.add(f"{key}.fsdp_size",
+                             f"{size} does not divide the {model} world size {world} (trainer.placement.{model}_num_"
+                             f"nodes * trainer.placement.{model}_num_gpus_per_node); use -1 (whole world) or a "
+                             f"divisor of {world}")
+
+    def backend_options(self, cfg, role: str) -> dict:
+        return dataclasses.asdict(cfg.blocks[POLICY_BLOCK if role == "policy" else REF_BLOCK])
+
+
+class FSDPStrategy(FSDP2Strategy):
+    name = "fsdp"
+    backend = "rl.backends.fsdp:FSDPBackend"
+    nemo_flags = ()
+    nemo_keys: ClassVar[dict[str, str]] = {}
+
+    def check(self, cfg, problems: Problems) -> None:
+        super().check(cfg, problems)
+        if cfg.blocks[POLICY_BLOCK].cpu_offload:
+            problems.add(POLICY_BLOCK + ".cpu_offload",
+                         "cannot be true with trainer.strategy=fsdp: FSDP1 cannot accumulate gradients outside "
+                         "no_sync with CPU offload. Use trainer.strategy=fsdp2, or offload only the reference model "
+                         f"({REF_BLOCK}.cpu_offload=true)")

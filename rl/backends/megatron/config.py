@@ -1,0 +1,126 @@
+"""Strategy `megatron` as the config layer sees it: the `trainer.policy.megatron_config` block, its layout rules,
+its model-parallel size (TP x PP ranks share one data shard) and the NeMo RL `policy.megatron_cfg.*` keys.
+
+Sizes: TP x PP ranks share one copy of the dense weights, so the dense data-parallel size is world / (TP * PP).
+Experts are split over EP ranks with expert tensor parallelism ETP = TP, so the expert data-parallel size is
+world / (TP * EP * PP). Both must be whole numbers (megatron-core's rule).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from rl.core.config.checks_values import at_least, check_rules, one_of, optional
+from rl.core.config.errors import Problems
+from rl.core.config.parallel import policy_world_size
+from rl.core.config.strategies import StrategyConfig
+
+BLOCK = "trainer.policy.megatron_config"
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+_WORLD = "trainer.placement.policy_num_nodes * trainer.placement.policy_num_gpus_per_node"
+
+
+@dataclass(kw_only=True)
+class MegatronConfig:
+    """Knobs of the `megatron` strategy (megatron-core parallelism).
+
+    Rule checked at load time, with world = policy_num_nodes * policy_num_gpus_per_node:
+    world % (TP * PP) == 0, dense data-parallel size = world / (TP * PP); with EP > 1 also
+    world % (TP * EP * PP) == 0, expert data-parallel size = world / (ETP * EP * PP) with the expert
+    tensor-parallel size ETP = TP (megatron-core's default, which the backend uses). Checked when the model is
+    built: TP divides the attention and key/value heads, PP the layers, EP the experts.
+    The ranks of one TP x PP group form one data-parallel shard: the driver sends them the same micro-batches, and
+    megatron's schedule runs all micro-batches of a mini-batch (1F1B across the stages with PP > 1).
+    """
+
+    tensor_model_parallel_size: int = 1
+    """Tensor-parallel size (TP): each layer's weights are split over this many ranks."""
+
+    pipeline_model_parallel_size: int = 1
+    """Pipeline-parallel size (PP): the layers are split into this many stages."""
+
+    expert_model_parallel_size: int = 1
+    """Expert-parallel size (EP) for mixture-of-experts layers; 1 for dense models."""
+
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: shard layer-norm and dropout activations over the TP group. Needs TP > 1."""
+
+    recompute_granularity: str | None = None
+    """Activation recomputation: `null` (none, or `full` when trainer.gradient_checkpointing is true), `full`
+    (whole layers) or `selective` (attention core only)."""
+
+    transformer_config_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments passed as they are to megatron-core's `TransformerConfig`."""
+
+    optimizer_cpu_offload: bool = False
+    """Keep fp32 master weights and the AdamW moments in host memory and run the update on the CPU; the device
+    holds only weights and gradients (a host round trip per optimizer step). Same numbers as without it."""
+
+    @classmethod
+    def from_options(cls, options: dict | None) -> MegatronConfig:
+        """The block as the backend receives it (`ModelSpec.backend_options`); absent keys take their defaults."""
+        unknown = sorted(set(options or {}) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"{BLOCK}: unknown keys {unknown}")
+        return cls(**(options or {}))
+
+
+def layout_problems(world: int, tp: int, pp: int, ep: int, sequence_parallel: bool) -> list[tuple[str, str]]:
+    """(key, problem) for each of megatron-core's layout rules the sizes break."""
+    found = []
+    if world % (tp * pp):
+        found.append((f"{BLOCK}.tensor_model_parallel_size",
+                      f"TP {tp} * PP {pp} = {tp * pp} must divide the world size {world} ({_WORLD}); the dense "
+                      "data-parallel size is world / (TP * PP). Change TP, PP or the placement"))
+    elif ep > 1 and world % (tp * ep * pp):
+        found.append((f"{BLOCK}.expert_model_parallel_size",
+                      f"with expert parallelism, TP {tp} * EP {ep} * PP {pp} = {tp * ep * pp} must divide the world "
+                      f"size {world} ({_WORLD}): the expert data-parallel size is world / (ETP * EP * PP), where "
+                      "the expert tensor-parallel size ETP equals TP. Change EP, TP, PP or the placement"))
+    if sequence_parallel and tp == 1:
+        found.append((f"{BLOCK}.sequence_parallel",
+                      "needs tensor_model_parallel_size > 1 (it shards activations over the TP group); set it to "
+                      "false or raise TP"))
+    return found
+
+
+class MegatronStrategy(StrategyConfig):
+    name = "megatron"
+    backend = "rl.backends.megatron.backend:MegatronBackend"
+    blocks: ClassVar[dict[str, type]] = {BLOCK: MegatronConfig}
+    nemo_flags = ("policy.megatron_cfg.enabled",)
+    nemo_priority = 2
+    nemo_keys: ClassVar[dict[str, str]] = {
+        **{f"policy.megatron_cfg.{name}": f"{BLOCK}.{name}" for name in (
+            "tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+            "sequence_parallel")},
+        "policy.megatron_cfg.optimizer.optimizer_cpu_offload": f"{BLOCK}.optimizer_cpu_offload",
+    }
+    ulysses_hint = f", and use {BLOCK}.sequence_parallel=true with TP > 1 for megatron's own sequence parallelism"
+
+    def check(self, cfg, problems: Problems) -> None:
+        before = len(problems.lines)
+        check_rules(cfg, problems, [
+            *(at_least(f"{BLOCK}.{name}_model_parallel_size", 1) for name in ("tensor", "pipeline", "expert")),
+            optional(one_of(f"{BLOCK}.recompute_granularity", RECOMPUTE_GRANULARITIES)),
+        ])
+        block, world = cfg.blocks[BLOCK], policy_world_size(cfg)
+        if len(problems.lines) == before and world >= 1:
+            for key, problem in layout_problems(world, block.tensor_model_parallel_size,
+                                                block.pipeline_model_parallel_size,
+                                                block.expert_model_parallel_size, block.sequence_parallel):
+                problems.add(key, problem)
+        if cfg.trainer.kernels != "auto":
+            problems.add("trainer.kernels",
+                         f"is {cfg.trainer.kernels}, but trainer.strategy=megatron computes its vocab-parallel "
+                         "logprobs in torch and uses no rl.kernels implementation; set it to auto")
+
+    def model_parallel_size(self, cfg) -> tuple[int, str]:
+        block = cfg.blocks[BLOCK]
+        tp, pp = block.tensor_model_parallel_size, block.pipeline_model_parallel_size
+        return tp * pp, f"TP {tp} * PP {pp}"
+
+    def backend_options(self, cfg, role: str) -> dict:
+        return dataclasses.asdict(cfg.blocks[BLOCK])  # policy and reference share the layout

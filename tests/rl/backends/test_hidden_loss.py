@@ -1,0 +1,142 @@
+"""trainer.policy.use_fused_kernels on the Hugging Face strategies, in one process: the loss from hidden states and
+the (gathered) LM-head weight gives the logits path's loss, metrics, logprobs and gradient of every parameter
+(the logits path, `batch_logprobs` + `compute_policy_loss`, is the oracle), packed and padded, tied and untied
+embeddings, FSDP2 / FSDP / DeepSpeed ZeRO-2 and ZeRO-3."""
+
+import pytest
+import torch
+import torch.distributed as dist
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from rl.backends.base import ModelSpec
+from rl.backends.dist import init_distributed
+from rl.backends.registry import build_backend
+from rl.core.algorithms import LossSettings
+from rl.core.packing import pack_sequences, pad_sequences
+
+PORT = 29647
+VOCAB = 96
+
+SETTINGS = {
+    "regular-token_mean-k3": LossSettings(use_kl_loss=True, kl_estimator_type="k3", kl_loss_coef=0.1),
+    "dual_clip-sequence_mean-k2-entropy": LossSettings(
+        policy_loss_type="dual_clip", loss_reduction="sequence_mean", use_kl_loss=True, kl_estimator_type="k2",
+        kl_loss_coef=0.2, use_entropy_loss=True, entropy_loss_coef=0.05, clip_ratio_c=2.0),
+    "cispo-drgrpo-abs": LossSettings(policy_loss_type="cispo", loss_reduction="seq_mean_token_sum_norm",
+                                     max_generate_length=12, use_kl_loss=True, kl_estimator_type="abs"),
+    "regular-on_policy-k1-entropy": LossSettings(use_kl_loss=True, kl_estimator_type="k1", use_entropy_loss=True),
+}
+
+CASES = [  # (strategy, backend options); ZeRO-3 partitions the head weight even in one process
+    ("fsdp2", None),
+    ("fsdp", None),
+    ("deepspeed", None),
+    ("deepspeed", {"zero_optimization": {"stage": 3}}),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _process_group():
+    init_distributed(0, 1, "127.0.0.1", PORT)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
+def model_path(request, tmp_path_factory):
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=request.param, initializer_range=0.2)
+    path = str(tmp_path_factory.mktemp("tied" if request.param else "untied"))
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def _sequences(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    seqs = []
+    for n, prompt in ((7, 3), (11, 2), (5, 4), (9, 5)):
+        mask = torch.arange(n) >= prompt
+        seqs.append({"input_ids": torch.randint(1, VOCAB, (n,), generator=g), "loss_mask": mask,
+                     "advantages": torch.randn(n, generator=g) * mask})
+    return seqs
+
+
+def _batch(padded: bool, oracle, on_policy: bool):
+    """A batch whose old / reference logprobs sit near the model's own (ratios on both sides of the clip range)."""
+    batch = (pad_sequences if padded else pack_sequences)(_sequences())
+    lp, _ = oracle.logprobs(batch)
+    g = torch.Generator().manual_seed(1)
+    mask = batch.loss_mask.float()
+    ref = lp + 0.3 * torch.randn(lp.shape, generator=g) * mask
+    old = None if on_policy else lp + 0.3 * torch.randn(lp.shape, generator=g) * mask
+    return batch.replace(old_logprobs=old, ref_logprobs=ref)
+
+
+def _backend(path, strategy, options, fused):
+    spec = ModelSpec(path=path, role="policy", temperature=0.8, backend_options=options, fused_kernels=fused,
+                     fused_chunk_size=5 if fused else None)
+    return build_backend(strategy, spec, init_distributed(0, 1, "127.0.0.1", PORT))
+
+
+def _grads(backend) -> dict[str, torch.Tensor]:
+    if hasattr(backend, "engine"):
+        from deepspeed.utils import safe_get_full_grad
+
+        return {name: safe_get_full_grad(p).clone() for name, p in backend.engine.module.named_parameters()}
+    full = lambda g: g.full_tensor() if hasattr(g, "full_tensor") else g  # noqa: E731
+    return {name: full(p.grad).clone() for name, p in backend.model.named_parameters()}
+
+
+def _zero_grads(backend) -> None:
+    if hasattr(backend, "engine"):
+        backend.engine.optimizer.zero_grad()
+    else:
+        backend.optimizer.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("strategy,options", CASES, ids=lambda v: str(v) if not isinstance(v, dict) else "zero3")
+def test_fused_loss_matches_the_logits_path(model_path, strategy, options):
+    oracle = _backend(model_path, strategy, options, fused=False)
+    fused = _backend(model_path, strategy, options, fused=True)
+    for padded in (False, True):
+        for name, settings in SETTINGS.items():
+            batch = _batch(padded, oracle, on_policy="on_policy" in name)
+            normalizer = settings.normalizer(batch.loss_mask, seq_ids=batch.token_seq_ids(),
+                                             num_sequences=batch.num_sequences)
+            want = oracle.forward_backward(batch, settings, normalizer)
+            got = fused.forward_backward(batch, settings, normalizer)
+            where = f"{strategy} {'padded' if padded else 'packed'} {name}"
+            assert set(got) == set(want), where
+            for key in want:
+                assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), f"{where}: {key}"
+            want_grads, got_grads = _grads(oracle), _grads(fused)
+            assert set(got_grads) == set(want_grads)
+            for param, grad in want_grads.items():
+                torch.testing.assert_close(got_grads[param], grad, rtol=1e-4, atol=1e-6, msg=f"{where}: {param}")
+            assert any(float(g.abs().sum()) > 0 for g in want_grads.values())
+            _zero_grads(oracle)
+            _zero_grads(fused)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp2", "deepspeed"])
+def test_fused_logprobs_match_the_logits_path(model_path, strategy):
+    oracle = _backend(model_path, strategy, None, fused=False)
+    fused = _backend(model_path, strategy, None, fused=True)
+    for build in (pack_sequences, pad_sequences):
+        batch = build(_sequences(3))
+        want_lp, want_h = oracle.logprobs(batch, with_entropy=True)
+        got_lp, got_h = fused.logprobs(batch, with_entropy=True)
+        torch.testing.assert_close(got_lp, want_lp, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_h, want_h, rtol=1e-5, atol=1e-5)
+
+
+def test_empty_rank_placeholder_runs(model_path):
+    """A rank without sequences still runs forward/backward through the fused path (its collectives stay in step)."""
+    fused = _backend(model_path, "fsdp2", None, fused=True)
+    empty = pack_sequences(_sequences()).select([])
+    settings = SETTINGS["regular-token_mean-k3"]
+    full = pack_sequences(_sequences())
+    normalizer = settings.normalizer(full.loss_mask, seq_ids=full.token_seq_ids(), num_sequences=full.num_sequences)
+    assert fused.forward_backward(empty, settings, normalizer) == {"loss": 0.0}
