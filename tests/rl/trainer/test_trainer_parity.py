@@ -1,6 +1,7 @@
 """The parity contract, end to end through the real launcher (Ray actors, one gloo group): every strategy, with 1 and
 2 workers, packed and padded, runs the same few steps as fsdp2 on 1 worker with packing (fp32), and ends with the
-same weights. Any backend added later joins LAYOUTS.
+same weights; so do fsdp2 and megatron with the fused chunked loss (`trainer.policy.use_fused_kernels`). Any
+backend added later joins LAYOUTS.
 
 Step 1's rollouts come before any update, so they are identical across layouts; later rollouts are sampled from
 weights that differ only by floating-point summation order, which at these sizes never changes a sampled token, so
@@ -26,17 +27,19 @@ NONZERO = ["data.reward_fn=gsm8k_flexible", "trainer.algorithm.use_entropy_loss=
 COMPARED = ("loss", "pg_loss", "entropy", "grad_norm", "kl")
 WEIGHT_ATOL = 2e-5
 ZERO3 = ("deepspeed_config.train.zero_optimization.stage=3",)
+FUSED = ("trainer.policy.use_fused_kernels=true",)
 REFERENCE = ("fsdp2", 1, True, ())
 LAYOUTS = [
     (strategy, workers, packed, ())
     for strategy, workers, packed in itertools.product(("fsdp2", "fsdp", "deepspeed"), (1, 2), (True, False))
     if (strategy, workers, packed, ()) != REFERENCE
-] + [("deepspeed", 2, True, ZERO3)]
+] + [("deepspeed", 2, True, ZERO3), ("fsdp2", 2, True, FUSED), ("megatron", 2, True, FUSED)]
 
 
 def _layout_id(layout) -> str:
     strategy, workers, packed, extra = layout
-    return f"{strategy}-{workers}w-{'packed' if packed else 'padded'}{'-zero3' if extra else ''}"
+    suffix = {(): "", ZERO3: "-zero3", FUSED: "-fused-loss"}[extra]
+    return f"{strategy}-{workers}w-{'packed' if packed else 'padded'}{suffix}"
 
 
 @pytest.fixture(scope="module")
