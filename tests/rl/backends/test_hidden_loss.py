@@ -11,21 +11,13 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from rl.backends.base import ModelSpec
 from rl.backends.dist import init_distributed
 from rl.backends.registry import build_backend
-from rl.core.algorithms import LossSettings
 from rl.core.packing import pack_sequences, pad_sequences
+from tests.testing.loss_settings import FUSED_LOSS_SETTINGS
 
 PORT = 29647
 VOCAB = 96
 
-SETTINGS = {
-    "regular-token_mean-k3": LossSettings(use_kl_loss=True, kl_estimator_type="k3", kl_loss_coef=0.1),
-    "dual_clip-sequence_mean-k2-entropy": LossSettings(
-        policy_loss_type="dual_clip", loss_reduction="sequence_mean", use_kl_loss=True, kl_estimator_type="k2",
-        kl_loss_coef=0.2, use_entropy_loss=True, entropy_loss_coef=0.05, clip_ratio_c=2.0),
-    "cispo-drgrpo-abs": LossSettings(policy_loss_type="cispo", loss_reduction="seq_mean_token_sum_norm",
-                                     max_generate_length=12, use_kl_loss=True, kl_estimator_type="abs"),
-    "regular-on_policy-k1-entropy": LossSettings(use_kl_loss=True, kl_estimator_type="k1", use_entropy_loss=True),
-}
+SETTINGS = FUSED_LOSS_SETTINGS
 
 CASES = [  # (strategy, backend options); ZeRO-3 partitions the head weight even in one process
     ("fsdp2", None),
