@@ -9,6 +9,9 @@ world / (TP * EP * PP). Both must be whole numbers (megatron-core's rule).
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import types
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -86,6 +89,61 @@ def layout_problems(world: int, tp: int, pp: int, ep: int, sequence_parallel: bo
     return found
 
 
+def model_problems(model, tp: int, pp: int, ep: int) -> list[tuple[str, str]]:
+    """(key, problem) for each size of the model (a Hugging Face config: attribute access) the layout does not
+    divide; megatron-core itself only asserts."""
+    found = []
+    heads = model.num_attention_heads
+    kv_heads = getattr(model, "num_key_value_heads", None) or heads
+    for what, count in (("attention heads", heads), ("key/value heads", kv_heads)):
+        if count % tp:
+            found.append((f"{BLOCK}.tensor_model_parallel_size", f"{tp} must divide the model's {count} {what}"))
+    if model.num_hidden_layers % pp:
+        found.append((f"{BLOCK}.pipeline_model_parallel_size",
+                      f"{pp} must divide the model's {model.num_hidden_layers} layers"))
+    experts = getattr(model, "num_local_experts", None)
+    if ep > 1 and (experts is None or experts % ep):
+        found.append((f"{BLOCK}.expert_model_parallel_size", f"{ep} must divide the model's experts ({experts})"))
+    return found
+
+
+def _local_model_config(path: str):
+    """The config.json of a local model directory as attributes, or None (a hub name, the embedded model)."""
+    file = os.path.join(os.path.expanduser(path), "config.json")
+    if not os.path.isfile(file):
+        return None
+    try:
+        with open(file, encoding="utf-8") as f:
+            return types.SimpleNamespace(**json.load(f))
+    except (OSError, ValueError):
+        return None  # the model loader reports an unreadable config
+
+
+def kwargs_problems(kwargs: dict[str, Any]) -> list[tuple[str, str]]:
+    """`transformer_config_kwargs` checked against megatron-core's own TransformerConfig: every key must be one of
+    its fields, and `recompute_modules` must be values its validation accepts."""
+    if not kwargs:
+        return []
+    import difflib
+
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    key = f"{BLOCK}.transformer_config_kwargs"
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    found = []
+    for name in sorted(set(kwargs) - fields):
+        close = difflib.get_close_matches(name, fields, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        found.append((f"{key}.{name}", f"is not a field of megatron-core's TransformerConfig{hint}; remove it"))
+    if "recompute_modules" in kwargs:
+        try:
+            TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=1, recompute_granularity="selective",
+                              recompute_modules=kwargs["recompute_modules"])
+        except (AssertionError, ValueError, TypeError) as error:
+            found.append((f"{key}.recompute_modules", f"megatron-core refuses it: {error}"))
+    return found
+
+
 class MegatronStrategy(StrategyConfig):
     name = "megatron"
     backend = "rl.backends.megatron.backend:MegatronBackend"
@@ -107,11 +165,15 @@ class MegatronStrategy(StrategyConfig):
             optional(one_of(f"{BLOCK}.recompute_granularity", RECOMPUTE_GRANULARITIES)),
         ])
         block, world = cfg.blocks[BLOCK], policy_world_size(cfg)
+        sizes = (block.tensor_model_parallel_size, block.pipeline_model_parallel_size, block.expert_model_parallel_size)
         if len(problems.lines) == before and world >= 1:
-            for key, problem in layout_problems(world, block.tensor_model_parallel_size,
-                                                block.pipeline_model_parallel_size,
-                                                block.expert_model_parallel_size, block.sequence_parallel):
+            for key, problem in layout_problems(world, *sizes, block.sequence_parallel):
                 problems.add(key, problem)
+            model = _local_model_config(cfg.trainer.policy.model.path)
+            for key, problem in model_problems(model, *sizes) if model is not None else ():
+                problems.add(key, f"{problem} ({cfg.trainer.policy.model.path}/config.json); pick a divisor")
+        for key, problem in kwargs_problems(block.transformer_config_kwargs):
+            problems.add(key, problem)
         if cfg.trainer.kernels != "auto":
             problems.add("trainer.kernels",
                          f"is {cfg.trainer.kernels}, but trainer.strategy=megatron computes its vocab-parallel "

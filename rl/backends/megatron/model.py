@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rl.backends.megatron.config import model_problems
+
 DENSE_TYPES = ("qwen2", "llama", "mistral")
 MOE_TYPES = ("mixtral",)
 
@@ -52,21 +54,11 @@ def head_dim(hf_config) -> int:
 
 
 def check_divisible(hf_config, layout: Layout) -> None:
-    """The model's sizes against the layout, with the key to change (megatron-core only asserts)."""
-    key = "trainer.policy.megatron_config."
-    problems = []
-    for what, count in (("attention heads", hf_config.num_attention_heads),
-                        ("key/value heads", hf_config.num_key_value_heads)):
-        if count % layout.tp:
-            problems.append(f"{key}tensor_model_parallel_size={layout.tp} must divide the model's {count} {what}")
-    if hf_config.num_hidden_layers % layout.pp:
-        problems.append(f"{key}pipeline_model_parallel_size={layout.pp} must divide the model's "
-                        f"{hf_config.num_hidden_layers} layers")
-    experts = getattr(hf_config, "num_local_experts", None)
-    if layout.ep > 1 and (experts is None or experts % layout.ep):
-        problems.append(f"{key}expert_model_parallel_size={layout.ep} must divide the model's experts ({experts})")
+    """The model's sizes against the layout, with the key to change (the config check does the same at load time
+    for a local model; megatron-core only asserts)."""
+    problems = model_problems(hf_config, layout.tp, layout.pp, layout.ep)
     if problems:
-        raise ValueError("; ".join(problems))
+        raise ValueError("; ".join(f"{key}: {problem}" for key, problem in problems))
 
 
 def transformer_config(hf_config, layout: Layout, sequence_parallel: bool = False,
