@@ -8,29 +8,18 @@ and the optimizer step happens at the accumulation boundary the trainer marks.
 from __future__ import annotations
 
 import contextlib
-import copy
-import os
 
-import yaml
 from torch import Tensor
 
 from rl.backends.base import TrainingBackend
+from rl.backends.deepspeed_config import merge, section_defaults
 from rl.backends.hf_model import load_causal_lm
 
-DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "deepspeed_defaults.yaml")
 CHECKPOINT_TAG = "state"
 
 
-def merge(base: dict, override: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
 def engine_config(section: str, user: dict, max_grad_norm: float, cuda: bool) -> dict:
-    with open(DEFAULTS_FILE) as f:
-        config = merge(yaml.safe_load(f)[section], user or {})
+    config = merge(section_defaults(section), user or {})
     config.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1)
     if section == "train":
         config.setdefault("gradient_clipping", max_grad_norm)

@@ -17,11 +17,14 @@ Rules (world = trainer.placement.policy_num_nodes * policy_num_gpus_per_node):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from rl.core.config import checks_backends, checks_combos, checks_support, checks_values
 from rl.core.config.errors import Problems
 from rl.core.config.schema import Config
+
+logger = logging.getLogger("rl.core.config")
 
 CHECKS: tuple[Callable[[Config, Problems], None], ...] = (
     checks_values.check_strategy_name,
@@ -39,10 +42,13 @@ CHECKS: tuple[Callable[[Config, Problems], None], ...] = (
 
 
 def collect_problems(cfg: Config) -> list[str]:
-    """Every problem of a typed config, one line each (empty when it is valid)."""
+    """Every problem of a typed config, one line each (empty when it is valid); warnings (knobs that do nothing in
+    this configuration) are logged."""
     problems = Problems()
     for check in CHECKS:
         check(cfg, problems)
+    for warning in problems.warnings:
+        logger.warning("%s", warning)
     return problems.lines
 
 
