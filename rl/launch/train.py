@@ -39,6 +39,9 @@ def main(argv: list[str]) -> int:
 
     try:
         run_training(cfg, FLAGS.run_dir, FLAGS.ray_address)
+    except ConfigError as error:  # what this machine lacks (rl.trainer.preflight), found before Ray starts
+        print(f"invalid configuration:\n{error}", file=sys.stderr)
+        return 2
     except FileExistsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

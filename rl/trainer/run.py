@@ -7,6 +7,7 @@ import os
 
 from rl.core.config import save_config
 from rl.trainer.plots import plot_curves
+from rl.trainer.preflight import preflight
 
 
 def default_run_dir() -> str:
@@ -29,10 +30,12 @@ def prepare_run_dir(run_dir: str, resume_mode: str) -> str:
 
 
 def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None) -> str:
-    """Trains as configured; returns the run directory. Ray is shut down on success, error and Ctrl-C."""
+    """Trains as configured; returns the run directory. What this machine must provide is checked first
+    (`preflight`: nothing is created before it passes); Ray is shut down on success, error and Ctrl-C."""
     from rl.trainer.loop import Trainer
     from rl.trainer.worker_group import start_ray, stop_ray
 
+    preflight(cfg, ray_address)
     run_dir = prepare_run_dir(run_dir or default_run_dir(), cfg.trainer.resume_mode)
     save_config(cfg, os.path.join(run_dir, "config.yaml"))
     print(f"run directory: {run_dir}", flush=True)

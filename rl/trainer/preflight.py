@@ -1,0 +1,68 @@
+"""What must hold on this machine before a run spends anything (Ray, a model load, the embedded warm-up): the prompt
+files read and hold the configured keys and enough prompts, the model path exists when it is local, and the kernels
+`trainer.kernels` names can run here. Every problem is reported at once as a ConfigError naming the key."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from rl.core.config import ConfigError
+from rl.core.data import DataError, load_prompt_dataset
+from rl.trainer.sources import EMBEDDED
+
+
+def _data_problems(cfg) -> list[str]:
+    found = []
+    keys = {"prompt_key": cfg.data.prompt_key, "answer_key": cfg.data.answer_key}
+    for key, paths in (("data.train_data", cfg.data.train_data), ("data.val_data", cfg.data.val_data or [])):
+        given = [path for path in paths if path != EMBEDDED]
+        if not given:
+            continue
+        try:
+            dataset = load_prompt_dataset(given, **keys)
+        except DataError as error:
+            found.append(f"{key}: {error}")
+            continue
+        if key == "data.train_data" and len(dataset) < cfg.trainer.train_batch_size:
+            found.append(f"trainer.train_batch_size: {cfg.trainer.train_batch_size} prompts per step, but "
+                         f"data.train_data holds {len(dataset)}; lower trainer.train_batch_size or add prompts")
+    return found
+
+
+def _looks_local(path: str) -> bool:
+    """A filesystem path rather than a hub name (`org/name`): absolute, relative with ./ or ../, under ~, deeper
+    than org/name, or whose first part is a local directory."""
+    return (path.startswith(("/", ".", "~")) or path.count("/") > 1
+            or (os.path.isdir(path.split("/")[0]) and "/" in path))
+
+
+def _model_problems(cfg) -> list[str]:
+    path = cfg.trainer.policy.model.path
+    if path == EMBEDDED or not _looks_local(path):
+        return []  # a hub name: transformers resolves it (HF_HUB_OFFLINE=1 and a local cache work offline)
+    local = os.path.expanduser(path)
+    if not os.path.isdir(local):
+        return [f"trainer.policy.model.path: {path} is not a directory; point it at a local Hugging Face model "
+                "directory (config.json, weights, tokenizer) or at a hub name such as Qwen/Qwen2.5-0.5B-Instruct"]
+    if not os.path.isfile(os.path.join(local, "config.json")):
+        return [f"trainer.policy.model.path: {path} holds no config.json; point it at a Hugging Face model directory"]
+    return []
+
+
+def _kernel_problems(cfg, ray_address: str | None) -> list[str]:
+    kernels = cfg.trainer.kernels
+    if kernels not in ("cuda", "triton") or ray_address or torch.cuda.is_available():
+        return []  # a cluster's workers may have the GPUs this driver lacks
+    if kernels == "triton" and os.environ.get("TRITON_INTERPRET") == "1":
+        return []
+    return [f"trainer.kernels: {kernels} needs a CUDA device and this machine has none; use trainer.kernels=auto "
+            "(torch on CPU) or torch"]
+
+
+def preflight(cfg, ray_address: str | None = None) -> None:
+    """Raises ConfigError listing every problem found (see the module docstring)."""
+    problems = [*_data_problems(cfg), *_model_problems(cfg), *_kernel_problems(cfg, ray_address)]
+    if problems:
+        raise ConfigError(problems)
