@@ -18,7 +18,7 @@ from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from rl.backends.base import TrainingBackend
 from rl.backends.dcp_checkpoint import DCPCheckpointMixin
-from rl.backends.fsdp_config import FSDPConfig
+from rl.backends.fsdp_config import FSDPConfig, offloads
 from rl.backends.hf_model import load_causal_lm
 from rl.backends.mesh import decoder_layers, device_mesh
 
@@ -43,7 +43,8 @@ class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
             auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_types),
             sharding_strategy=sharding_strategy(options.reshard_after_forward, hybrid),
             device_mesh=device_mesh(device, self.dist.world_size, options.fsdp_size) if hybrid else None,
-            cpu_offload=CPUOffload(offload_params=True) if options.cpu_offload else None,
+            cpu_offload=(CPUOffload(offload_params=True) if offloads(options, device.type, self.dist.is_main)
+                         else None),
             mixed_precision=(MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                              if device.type == "cuda" else None),
             device_id=device,

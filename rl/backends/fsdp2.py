@@ -10,7 +10,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 from rl.backends.base import TrainingBackend
 from rl.backends.dcp_checkpoint import DCPCheckpointMixin
-from rl.backends.fsdp_config import FSDPConfig
+from rl.backends.fsdp_config import FSDPConfig, offloads
 from rl.backends.hf_model import load_causal_lm
 from rl.backends.mesh import decoder_layers, device_mesh
 
@@ -27,7 +27,7 @@ class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
         }
         if self.dist.device.type == "cuda":
             shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if options.cpu_offload:
+        if offloads(options, self.dist.device.type, self.dist.is_main):
             shard_kwargs["offload_policy"] = CPUOffloadPolicy()
         for layer in decoder_layers(model):
             fully_shard(layer, **shard_kwargs)

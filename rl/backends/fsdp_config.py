@@ -4,6 +4,7 @@ the NeMo RL DTensor keys (`policy.dtensor_cfg.*`) that select and configure `fsd
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -37,6 +38,22 @@ class FSDPConfig:
     def from_options(cls, options: dict | None) -> FSDPConfig:
         """The block as the backend receives it (`ModelSpec.backend_options`); absent keys take their defaults."""
         return cls(**(options or {}))
+
+
+def offloads(options: FSDPConfig, device_type: str, is_main: bool) -> bool:
+    """Whether the model's parameters go to host memory: `cpu_offload` on an accelerator. On a CPU machine they are
+    there already; rank 0 says so once."""
+    if options.cpu_offload and device_type == "cpu":
+        if is_main:
+            _say_once("fsdp_config.cpu_offload: on this CPU machine the model already lives in host memory; there is "
+                      "nothing to offload")
+        return False
+    return options.cpu_offload
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    print(message, flush=True)
 
 
 def _dtensor_keys() -> dict[str, str]:

@@ -20,6 +20,8 @@ def default_run_dir() -> str:
 def prepare_run_dir(run_dir: str, resume_mode: str) -> str:
     """Creates the run dir; refuses to start a fresh run on top of another run's metrics."""
     run_dir = os.path.abspath(os.path.expanduser(run_dir))
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise FileExistsError(f"--run_dir {run_dir} is a file, not a directory; choose another --run_dir")
     if os.path.exists(os.path.join(run_dir, "metrics.jsonl")) and resume_mode in (None, "none"):
         raise FileExistsError(
             f"--run_dir {run_dir} already holds a run (metrics.jsonl); pass trainer.resume_mode=latest to continue "

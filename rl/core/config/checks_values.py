@@ -122,7 +122,7 @@ def check_rules(cfg: Config, problems: Problems, rules: Sequence[Rule] = RULES) 
     """Every rule of `rules` (a strategy passes the rules of its own blocks)."""
     for rule in rules:
         value = get(cfg, rule.key)
-        if (isinstance(value, float) and math.isnan(value)) or not rule.ok(value):
+        if (isinstance(value, float) and not math.isfinite(value)) or not rule.ok(value):
             hint = did_you_mean(value, rule.names) if isinstance(value, str) and rule.names else ""
             problems.add(rule.key, f"got {value!r}; set it to {rule.requirement}{hint}")
 

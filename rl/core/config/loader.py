@@ -129,6 +129,8 @@ def _apply_file(tree: dict[str, Any], path: str, problems: Problems) -> None:
         data = read_yaml(path)
     except OSError as exc:
         raise ConfigError([f"config file {path}: cannot be read ({exc.strerror}); check the path"]) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"config file {path}: is not UTF-8 text (byte {exc.start}); save it as UTF-8"]) from exc
     except yaml.YAMLError as exc:
         raise ConfigError([f"config file {path}: is not valid YAML ({exc}); fix the syntax"]) from exc
     if data is None:

@@ -49,8 +49,23 @@ KEY_MAP: dict[str, str] = {
     "loss_fn.ratio_clip_c": _ALGORITHM + "clip_ratio_c",
     "checkpointing.checkpoint_dir": "trainer.ckpt_path",
     "checkpointing.save_period": "trainer.ckpt_interval",
+    "cluster.gpus_per_node": "trainer.placement.policy_num_gpus_per_node",
+    "cluster.num_nodes": "trainer.placement.policy_num_nodes",
 }
 """NeMo RL key -> this project's key, for keys whose values mean the same in both (the strategies add theirs)."""
+
+
+NO_EQUIVALENT: dict[str, str] = {
+    "policy.max_seq_length": "generator.max_prompt_length and generator.max_generate_length (their sum bounds a "
+                             "sequence)",
+    "policy.max_total_sequence_length": "generator.max_prompt_length and generator.max_generate_length (their sum "
+                                        "bounds a sequence)",
+    "algorithm.batch_size": "trainer.train_batch_size (prompts per step) and trainer.policy_mini_batch_size (prompts "
+                            "per optimizer step)",
+    "algorithm.gradient_accumulation_steps": "trainer.micro_train_batch_size_per_gpu: accumulation follows from "
+                                             "policy_mini_batch_size * n_samples_per_prompt / (micro batch * DP)",
+}
+"""NeMo RL keys whose meaning has no one-to-one key here -> what to set instead."""
 
 
 def key_map() -> dict[str, str]:
@@ -67,7 +82,7 @@ def strategy_flags() -> dict[str, str]:
 
 
 def is_nemo_key(key: str) -> bool:
-    namespaces = {known.split(".")[0] for known in (*key_map(), *strategy_flags())}
+    namespaces = {known.split(".")[0] for known in (*key_map(), *strategy_flags(), *NO_EQUIVALENT)}
     return key.split(".")[0] in namespaces
 
 
@@ -86,6 +101,8 @@ def translate(items: Sequence[tuple[str, Any]], problems: Problems) -> list[tupl
                 translated.append(("trainer.strategy", strategy))
         elif key in mapping:
             translated.append((mapping[key], value))
+        elif key in NO_EQUIVALENT:
+            problems.add(key, f"NeMo RL key with no one-to-one equivalent here; set {NO_EQUIVALENT[key]}")
         elif is_nemo_key(key):
             supported = [*mapping, *flags]
             problems.add(

@@ -14,7 +14,18 @@ import yaml
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also resolves exponent floats without a dot (`1e-6`, `3E2`)."""
+    """SafeLoader that also resolves exponent floats without a dot (`1e-6`, `3E2`) and refuses a key given twice in
+    one mapping (PyYAML would keep the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' appears twice in one mapping; keep one", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(

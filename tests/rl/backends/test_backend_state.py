@@ -112,3 +112,21 @@ def test_on_policy_step_without_old_logprobs_equals_the_recomputed_one(model_pat
     assert got["pg_clipfrac"] == 0.0
     for name, tensor in want_state.items():
         torch.testing.assert_close(got_state[name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize(("strategy", "role"), [("fsdp2", "policy"), ("fsdp", "ref"), ("fsdp2", "ref")])
+def test_cpu_offload_on_a_cpu_machine_trains_like_without_it(model_path, strategy, role, capsys):
+    """`fsdp_config.cpu_offload` has nothing to move on a CPU machine: the backend says so and runs as without it
+    (FSDP's offload needs an accelerator and would fail)."""
+    from rl.backends import fsdp_config
+
+    fsdp_config._say_once.cache_clear()  # said once per process: this case must hear it
+    info = init_distributed(0, 1, "127.0.0.1", 29631)
+    built = {offload: build_backend(strategy, ModelSpec(path=model_path, role=role, temperature=1.0, lr=1e-2,
+                                                        backend_options={"cpu_offload": offload}), info)
+             for offload in (False, True)}
+    assert "nothing to offload" in capsys.readouterr().out
+    batch = _batch()
+    torch.testing.assert_close(built[True].logprobs(batch)[0], built[False].logprobs(batch)[0], rtol=0, atol=0)
+    if role == "policy":
+        assert _train_step(built[True]) == pytest.approx(_train_step(built[False]))

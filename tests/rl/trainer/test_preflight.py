@@ -59,3 +59,14 @@ def test_refused_before_anything_starts(case, data, tmp_path, capsys, monkeypatc
     message = _launch(str(tmp_path / "run"), overrides, capsys)
     assert key in message and words in message, message
     assert "Traceback" not in message
+
+
+def test_run_dir_that_is_a_file_is_refused(tmp_path, capsys):
+    from absl import flags
+
+    path = tmp_path / "run"
+    path.write_text("")
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["train", f"--run_dir={path}"])
+    assert train.main(["train"]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err

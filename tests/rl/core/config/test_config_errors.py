@@ -223,6 +223,12 @@ BAD = {
         "trainer.placement.colocate_all",
         ("set it to true",),
     ),
+    "infinite_lr": Bad(["trainer.policy.optimizer_config.lr=.inf"], "trainer.policy.optimizer_config.lr",
+                       ("got inf", "a number >= 0")),
+    "nemo_batch_size_without_equivalent": Bad(["algorithm.batch_size=4"], "algorithm.batch_size",
+                                              ("no one-to-one equivalent", "trainer.train_batch_size")),
+    "nemo_max_seq_length_without_equivalent": Bad(["policy.max_seq_length=512"], "policy.max_seq_length",
+                                                  ("generator.max_prompt_length",)),
     "colocated_with_different_placements": Bad(
         ["trainer.placement.policy_num_gpus_per_node=2", "trainer.placement.ref_num_gpus_per_node=1"],
         "trainer.placement.colocate_all",
@@ -365,3 +371,17 @@ def test_resume_from_an_existing_directory_is_accepted(tmp_path):
 def test_colocated_reference_follows_the_policy_placement():
     cfg = load_config(["trainer.placement.policy_num_gpus_per_node=2"])
     assert ref_world_size(cfg) == 2
+
+
+def test_a_key_given_twice_in_a_file_is_refused(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  seed: 1\n  seed: 2\n")
+    with pytest.raises(ConfigError, match="key 'seed' appears twice in one mapping"):
+        load_config([], config_file=str(path))
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_bytes("trainer:\n  run_name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=f"config file {path}: is not UTF-8 text"):
+        load_config([], config_file=str(path))

@@ -79,6 +79,11 @@ def test_general_keys_map():
     assert cfg.trainer.max_steps == 100
 
 
+def test_cluster_keys_map_onto_the_placement():
+    cfg = load_config(["cluster.gpus_per_node=2", "cluster.num_nodes=1"])
+    assert (cfg.trainer.placement.policy_num_nodes, cfg.trainer.placement.policy_num_gpus_per_node) == (1, 2)
+
+
 def test_nemo_sections_in_a_file(tmp_path):
     path = tmp_path / "nemo.yaml"
     path.write_text(
