@@ -123,3 +123,12 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     rule = "  ".join("-" * w for w in widths)
     body = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
     return "\n".join([line, rule, *body])
+
+
+def status_kib(field: str) -> int:
+    """A field of /proc/self/status in KiB (VmRSS, VmHWM: the resident set and its peak)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} missing from /proc/self/status")

@@ -25,17 +25,9 @@ import time
 
 import torch
 
-from bench.common import format_table, median, set_threads
+from bench.common import format_table, median, set_threads, status_kib
 
 VARIANTS = ("eager", "chunked")
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} missing from /proc/self/status")
 
 
 def _reset_peak() -> None:
@@ -101,14 +93,14 @@ def run_variant(args) -> dict:
     for rep in range(args.repeats):
         h.grad = w.grad = None
         if rep == 0:
-            base = _status_kib("VmRSS")
+            base = status_kib("VmRSS")
             _reset_peak()
         start, cpu_start = time.perf_counter(), _cpu_seconds()
         loss = _step(args.variant, settings, normalizer, h, w, targets, old, ref, adv, mask, seq_ids, num_seqs)
         times.append(time.perf_counter() - start)
         cpu.append(_cpu_seconds() - cpu_start)
         if rep == 0:
-            peak_mib = (_status_kib("VmHWM") - base) / 1024
+            peak_mib = (status_kib("VmHWM") - base) / 1024
     return {
         "variant": args.variant,
         "peak_mib": peak_mib,

@@ -26,27 +26,19 @@ import time
 
 import torch
 
-from bench.common import format_table
+from bench.common import format_table, status_kib
 
 VARIANTS = ("fsdp2", "deepspeed", "fsdp", "megatron-tp2")
 SETTINGS_KW = dict(use_kl_loss=True, kl_estimator_type="k3", kl_loss_coef=0.01)
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} missing from /proc/self/status")
 
 
 def _measure(step) -> tuple[float, float]:
     """(peak growth MiB, seconds) of `step()` over the resident set before it."""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    base, start = _status_kib("VmRSS"), time.perf_counter()
+    base, start = status_kib("VmRSS"), time.perf_counter()
     step()
-    return (_status_kib("VmHWM") - base) / 1024, time.perf_counter() - start
+    return (status_kib("VmHWM") - base) / 1024, time.perf_counter() - start
 
 
 def _model(args, directory: str) -> str:
