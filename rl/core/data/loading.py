@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -58,9 +59,14 @@ def _required(row: RawRow, key: str, option: str) -> object:
 
 
 def _answer_text(value: object, where: str, key: str) -> str:
+    """The reference answer as text: a non-empty string, or a finite number (a reward cannot grade NaN or '')."""
     if isinstance(value, str):
+        if not value.strip():
+            raise DataError(f"{where}: column '{key}' is an empty string; every row needs a reference answer")
         return value
     if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise DataError(f"{where}: column '{key}' is {value}; every row needs a finite reference answer")
         return str(value)
     raise DataError(f"{where}: column '{key}' must be a string or number, got {type(value).__name__} {value!r:.80}")
 

@@ -64,6 +64,8 @@ def _parse_message(message: object, where: str, turn: int) -> ChatMessage:
     if isinstance(message, Mapping):
         role, content = message.get("role"), message.get("content")
         if isinstance(role, str) and isinstance(content, str):
+            if not content.strip():
+                raise DataError(f"{where}: chat message {turn} ({role}) has empty content; every message needs text")
             return ChatMessage(role=role, content=content)
     raise DataError(
         f'{where}: chat message {turn} must be a mapping with string "role" and "content", got {message!r:.80}'

@@ -154,6 +154,9 @@ def test_bad_json_line_is_named(tmp_path):
         ({"prompt": "a", "answer": ["1"]}, "'answer' must be a string or number"),
         ({"prompt": "a", "answer": "1", "index": "7"}, "'index' must be an integer"),
         ({"prompt": "a", "answer": "1", "data_source": 3}, "'data_source' must be a string"),
+        ({"prompt": "a", "answer": "  "}, "'answer' is an empty string"),
+        ({"prompt": "a", "answer": float("nan")}, "'answer' is nan; every row needs a finite reference answer"),
+        ({"prompt": [{"role": "user", "content": ""}], "answer": "1"}, r"chat message 0 \(user\) has empty content"),
     ],
 )
 def test_invalid_cells_name_the_row(tmp_path, row, match):
