@@ -1,6 +1,7 @@
 """What must hold on this machine before a run spends anything (Ray, a model load, the embedded warm-up): the prompt
-files read and hold the configured keys and enough prompts, the model path exists when it is local, and the kernels
-`trainer.kernels` names can run here. Every problem is reported at once as a ConfigError naming the key."""
+files read and hold the configured keys and enough prompts, the model path exists when it is local, checkpoints and
+exports can be written where the config says, and the kernels `trainer.kernels` names can run here. Every problem is
+reported at once as a ConfigError naming the key."""
 
 from __future__ import annotations
 
@@ -51,6 +52,22 @@ def _model_problems(cfg) -> list[str]:
     return []
 
 
+def _writable_problems(cfg) -> list[str]:
+    """Checkpoint and export roots the run will write to: a directory, or creatable in a writable one."""
+    found = []
+    for key, path in (("trainer.ckpt_path", cfg.trainer.ckpt_path), ("trainer.export_path", cfg.trainer.export_path)):
+        if path is None:
+            continue  # inside the run directory
+        existing = os.path.abspath(os.path.expanduser(path))
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            found.append(f"{key}: {existing} is a file, so {path} cannot be a directory; choose another path")
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            found.append(f"{key}: {existing} is not writable, so {path} cannot be written; choose a writable path")
+    return found
+
+
 def _kernel_problems(cfg, ray_address: str | None) -> list[str]:
     kernels = cfg.trainer.kernels
     if kernels not in ("cuda", "triton") or ray_address or torch.cuda.is_available():
@@ -63,6 +80,7 @@ def _kernel_problems(cfg, ray_address: str | None) -> list[str]:
 
 def preflight(cfg, ray_address: str | None = None) -> None:
     """Raises ConfigError listing every problem found (see the module docstring)."""
-    problems = [*_data_problems(cfg), *_model_problems(cfg), *_kernel_problems(cfg, ray_address)]
+    problems = [*_data_problems(cfg), *_model_problems(cfg), *_writable_problems(cfg),
+                *_kernel_problems(cfg, ray_address)]
     if problems:
         raise ConfigError(problems)

@@ -36,6 +36,20 @@ def check_batch_sizes(cfg: Config, problems: Problems) -> None:
         )
 
 
+def check_token_budget(cfg: Config, problems: Problems) -> None:
+    """A packed micro-batch must hold the longest sequence a rollout can make (prompt + generation limits), or the
+    first long rollout would stop the run after generation."""
+    budget, gen = cfg.trainer.max_tokens_per_micro_batch, cfg.generator
+    longest = gen.max_prompt_length + gen.max_generate_length
+    if budget is not None and cfg.trainer.use_sample_packing and 1 <= budget < longest:
+        problems.add(
+            "trainer.max_tokens_per_micro_batch",
+            f"{budget} is smaller than the longest possible sequence, generator.max_prompt_length "
+            f"{gen.max_prompt_length} + generator.max_generate_length {gen.max_generate_length} = {longest}; raise "
+            f"it to at least {longest} or lower those limits",
+        )
+
+
 def check_group_advantages(cfg: Config, problems: Problems) -> None:
     """grpo and rloo compare samples of one prompt, so they need n_samples_per_prompt >= 2."""
     estimator, n = cfg.trainer.algorithm.advantage_estimator, cfg.generator.n_samples_per_prompt

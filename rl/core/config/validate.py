@@ -34,6 +34,7 @@ CHECKS: tuple[Callable[[Config, Problems], None], ...] = (
     checks_values.check_lists,
     checks_values.check_resume_mode,
     checks_combos.check_batch_sizes,
+    checks_combos.check_token_budget,
     checks_combos.check_group_advantages,
     checks_combos.check_colocation,
     checks_backends.check_strategy,

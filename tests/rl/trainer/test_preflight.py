@@ -46,6 +46,8 @@ CASES = {
     "model_dir": (["trainer.policy.model.path={tmp}/no-model"], "trainer.policy.model.path:", "is not a directory"),
     "model_config": (["trainer.policy.model.path={tmp}"], "trainer.policy.model.path:", "no config.json"),
     "kernels": (["trainer.kernels=cuda"], "trainer.kernels:", "needs a CUDA device"),
+    "ckpt_under_a_file": (["trainer.ckpt_path={data}/ckpt"], "trainer.ckpt_path:", "is a file"),
+    "export_under_a_file": (["trainer.export_path={data}/exports"], "trainer.export_path:", "is a file"),
 }
 
 

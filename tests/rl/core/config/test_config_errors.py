@@ -223,6 +223,10 @@ BAD = {
         "trainer.placement.colocate_all",
         ("set it to true",),
     ),
+    "token_budget_below_longest_sequence": Bad(
+        ["trainer.max_tokens_per_micro_batch=100", "generator.max_prompt_length=64",
+         "generator.max_generate_length=64"],
+        "trainer.max_tokens_per_micro_batch", ("= 128; raise it to at least 128",)),
     "infinite_lr": Bad(["trainer.policy.optimizer_config.lr=.inf"], "trainer.policy.optimizer_config.lr",
                        ("got inf", "a number >= 0")),
     "nemo_batch_size_without_equivalent": Bad(["algorithm.batch_size=4"], "algorithm.batch_size",
