@@ -14,27 +14,35 @@ import subprocess
 import sys
 
 
-def run_train(run_dir: str, overrides: list[str], *, threads: int = 1, timeout: float | None = None,
-              env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    """`python -m rl.launch.train --run_dir=RUN_DIR OVERRIDES...` with this interpreter and import path, each process
-    of the run on `threads` torch threads; stdout and stderr captured. On timeout the run's process group is killed
-    and `subprocess.TimeoutExpired` raised, carrying the output so far."""
+def start_train(run_dir: str, overrides: list[str], *, threads: int = 1, env_extra: dict | None = None,
+                output=subprocess.PIPE) -> subprocess.Popen:
+    """`python -m rl.launch.train --run_dir=RUN_DIR OVERRIDES...` started with this interpreter and import path in a
+    process group of its own, each process of the run on `threads` torch threads; stdout and stderr go to `output`
+    (pipes by default: read them, or pass open files for a run that is not waited on)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **(env_extra or {})}
     cmd = [sys.executable, "-m", "rl.launch.train", f"--run_dir={run_dir}", *overrides]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    return subprocess.Popen(cmd, stdout=output, stderr=output, text=True, env=env, start_new_session=True)
+
+
+def run_train(run_dir: str, overrides: list[str], *, threads: int = 1, timeout: float | None = None,
+              env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """`start_train`, waited for; stdout and stderr captured. On timeout the run's process group is killed and
+    `subprocess.TimeoutExpired` raised, carrying the output so far."""
+    proc = start_train(run_dir, overrides, threads=threads, env_extra=env_extra)
+    cmd = proc.args
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         stdout, stderr = proc.communicate()
         raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr) from None
     finally:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
+    """SIGKILL to the process group of a run started by `start_train` (its Ray processes included)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)

@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"invalid configuration:\n{error}", file=sys.stderr)
         return 2
-    from rl.trainer.run import run_training
+    from rl.trainer.run import Interrupted, run_training
 
     try:
         run_training(cfg, FLAGS.run_dir, FLAGS.ray_address)
@@ -45,6 +45,9 @@ def main(argv: list[str]) -> int:
     except FileExistsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except Interrupted as stop:
+        print(stop, file=sys.stderr)
+        return 130  # the shell's code for a SIGINT
     return 0
 
 

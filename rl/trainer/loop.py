@@ -44,6 +44,7 @@ class Trainer:
         self.metrics = MetricsLogger(run_dir, list(cfg.trainer.logger), cfg.trainer.project_name,
                                      cfg.trainer.run_name, config_to_dict(cfg))
         self.position = BatchPosition(0, 0)
+        self.current_step = 0  # the step in progress (for the message of an interrupted run)
 
     @property
     def total_steps(self) -> int:
@@ -57,6 +58,7 @@ class Trainer:
             self.metrics.log({"step": 0, "val_accuracy": self.evaluate(0)})
         trainer = self.cfg.trainer
         for step in range(start + 1, self.total_steps + 1):
+            self.current_step = step
             row = self.train_step(step)
             if self.val_set is not None and _due(step, trainer.eval_interval, self.total_steps):
                 row["val_accuracy"] = self.evaluate(step)

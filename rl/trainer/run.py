@@ -6,8 +6,19 @@ import datetime
 import os
 
 from rl.core.config import save_config
+from rl.trainer import checkpoint
 from rl.trainer.plots import plot_curves
 from rl.trainer.preflight import preflight
+
+
+class Interrupted(Exception):
+    """Ctrl-C ended the run (Ray is shut down by then); what the user needs to know to go on."""
+
+    def __init__(self, step: int, latest_checkpoint: str | None):
+        self.step, self.latest_checkpoint = step, latest_checkpoint
+        where = (f"last complete checkpoint: {latest_checkpoint} (resume with trainer.resume_mode=latest)"
+                 if latest_checkpoint else "no complete checkpoint yet")
+        super().__init__(f"interrupted at step {step}; {where}")
 
 
 def default_run_dir() -> str:
@@ -42,8 +53,14 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
     save_config(cfg, os.path.join(run_dir, "config.yaml"))
     print(f"run directory: {run_dir}", flush=True)
     start_ray(run_dir, ray_address)
+    trainer = None
     try:
-        Trainer(cfg, run_dir).fit()
+        trainer = Trainer(cfg, run_dir)
+        trainer.fit()
+    except KeyboardInterrupt:
+        step = trainer.current_step if trainer is not None else 0
+        latest = checkpoint.latest(trainer.ckpt_root) if trainer is not None else None
+        raise Interrupted(step, latest) from None
     finally:
         stop_ray()
     print(f"curve: {plot_curves(run_dir)}", flush=True)
