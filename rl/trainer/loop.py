@@ -136,7 +136,8 @@ class Trainer:
         if mode in (None, "none"):
             return 0
         path = checkpoint.latest(self.ckpt_root) if mode == "latest" else mode
-        if path is None:
+        if path is None:  # nothing complete to resume from: start over, without the earlier attempt's rows
+            self.metrics.truncate_after(-1)
             return 0
         if not checkpoint.is_complete(path):
             raise ValueError(f"trainer.resume_mode: {path} is not a complete checkpoint (no {checkpoint.MARKER})")

@@ -28,10 +28,11 @@ class MetricsLogger:
                 log.warning("trainer.logger includes wandb but WANDB_API_KEY is not set: W&B logging is off")
 
     def truncate_after(self, step: int) -> None:
-        """On resume: keep only the rows up to `step` (rewritten atomically)."""
+        """On resume: keep only the rows up to `step` (rewritten atomically); a torn last line (a crash mid-write)
+        is dropped."""
         if not os.path.exists(self.path):
             return
-        rows = [row for row in read_metrics(self.path) if row["step"] <= step]
+        rows = [row for row in read_metrics(self.path, torn_tail_ok=True) if row["step"] <= step]
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
@@ -58,6 +59,15 @@ class MetricsLogger:
             self.wandb.finish()
 
 
-def read_metrics(path: str) -> list[dict]:
+def read_metrics(path: str, torn_tail_ok: bool = False) -> list[dict]:
+    """The rows of a metrics.jsonl; with `torn_tail_ok` an unreadable last line (cut by a crash) is skipped."""
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = [line for line in f if line.strip()]
+    rows = []
+    for number, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if not (torn_tail_ok and number == len(lines)):
+                raise ValueError(f"{path} line {number} is not a JSON object; fix or remove it") from None
+    return rows

@@ -24,10 +24,25 @@ def _overrides(job):
             "trainer.algorithm.use_entropy_loss=true"]
 
 
-def test_killed_during_checkpoint_resumes_like_an_uninterrupted_run(job, tmp_path):
-    reference_dir, crashed_dir = str(tmp_path / "reference"), str(tmp_path / "crashed")
+@pytest.fixture(scope="module")
+def expected(job, tmp_path_factory) -> dict[int, dict]:
+    """Per-step metrics of the run that was never interrupted."""
+    reference_dir = str(tmp_path_factory.mktemp("reference"))
     reference = run_train(reference_dir, _overrides(job))
     assert reference.returncode == 0, reference.stderr[-5000:]
+    return {row["step"]: row for row in read_metrics(os.path.join(reference_dir, "metrics.jsonl"))}
+
+
+def _assert_same_steps(run_dir: str, expected: dict[int, dict]) -> None:
+    rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    assert [row["step"] for row in rows] == list(range(1, STEPS + 1)), "each step once, in order"
+    for row in rows:
+        for key in COMPARED:
+            assert row[key] == pytest.approx(expected[row["step"]][key], rel=1e-5, abs=1e-7), (row["step"], key)
+
+
+def test_killed_during_checkpoint_resumes_like_an_uninterrupted_run(job, tmp_path, expected):
+    crashed_dir = str(tmp_path / "crashed")
 
     crashed = run_train(crashed_dir, _overrides(job),
                         env_extra={"RL_KILL_AT": "checkpoint_written:2"})
@@ -40,13 +55,22 @@ def test_killed_during_checkpoint_resumes_like_an_uninterrupted_run(job, tmp_pat
     assert resumed.returncode == 0, resumed.stderr[-5000:]
     assert "resumed from" in resumed.stdout and "global_step_1 (step 1)" in resumed.stdout
 
-    expected = {row["step"]: row for row in read_metrics(os.path.join(reference_dir, "metrics.jsonl"))}
-    got = {row["step"]: row for row in read_metrics(os.path.join(crashed_dir, "metrics.jsonl"))}
-    assert sorted(got) == sorted(expected) == list(range(1, STEPS + 1))
-    for step in range(1, STEPS + 1):
-        for key in COMPARED:
-            assert got[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-7), (step, key)
+    _assert_same_steps(crashed_dir, expected)
     assert checkpoint.latest(root) == os.path.join(root, f"global_step_{STEPS}")
+
+
+def test_crash_before_the_first_checkpoint_then_resume_logs_each_step_once(job, tmp_path, expected):
+    """Nothing complete to resume from: the run starts over and the earlier attempt's rows (and a line torn by the
+    crash) do not stay in metrics.jsonl."""
+    run_dir = str(tmp_path / "crashed")
+    crashed = run_train(run_dir, _overrides(job), env_extra={"RL_KILL_AT": "checkpoint_written:1"})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert checkpoint.latest(os.path.join(run_dir, "checkpoints")) is None
+    with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
+        f.write('{"step": 2, "loss": 0.')  # a write cut short by the crash
+    resumed = run_train(run_dir, [*_overrides(job), "trainer.resume_mode=latest"])
+    assert resumed.returncode == 0, resumed.stderr[-5000:]
+    _assert_same_steps(run_dir, expected)
 
 
 def test_fresh_run_refuses_a_used_run_dir(job, tmp_path):
