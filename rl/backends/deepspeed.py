@@ -12,14 +12,14 @@ import contextlib
 from torch import Tensor
 
 from rl.backends.base import TrainingBackend
-from rl.backends.deepspeed_config import merge, section_defaults
+from rl.backends.deepspeed_config import merged_section
 from rl.backends.hf_model import load_causal_lm
 
 CHECKPOINT_TAG = "state"
 
 
 def engine_config(section: str, user: dict, max_grad_norm: float, cuda: bool) -> dict:
-    config = merge(section_defaults(section), user or {})
+    config = merged_section(section, user)
     config.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1)
     if section == "train":
         config.setdefault("gradient_clipping", max_grad_norm)

@@ -4,7 +4,6 @@ backend merges it), with a hint for a misspelt top-level key and a warning for Z
 
 from __future__ import annotations
 
-import copy
 import difflib
 import os
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from typing import Any, ClassVar
 import yaml
 
 from rl.core.config.errors import Problems
+from rl.core.config.merge import merge_free
 from rl.core.config.strategies import StrategyConfig
 
 BLOCK = "deepspeed_config"
@@ -35,12 +35,12 @@ class DeepSpeedConfig:
     """DeepSpeed config of models used only for inference (the reference model)."""
 
 
-def merge(base: dict, override: dict) -> dict:
-    """`override` deep-merged over a copy of `base` (what the backend hands DeepSpeed)."""
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
+def merged_section(section: str, user: dict) -> dict:
+    """The backend's defaults of `section` ("train" / "eval") with the user's dict deep-merged over them: what the
+    backend hands DeepSpeed."""
+    merged = section_defaults(section)
+    merge_free(merged, user or {})
+    return merged
 
 
 def section_defaults(section: str) -> dict:
@@ -92,7 +92,7 @@ class DeepSpeedStrategy(StrategyConfig):
         for section in ("train", "eval"):
             given = getattr(block, section)
             if given:  # the defaults alone are known to be valid: no DeepSpeed import for them
-                section_problems(f"{BLOCK}.{section}", given, merge(section_defaults(section), given), problems)
+                section_problems(f"{BLOCK}.{section}", given, merged_section(section, given), problems)
 
     def backend_options(self, cfg, role: str) -> dict:
         block = cfg.blocks[BLOCK]

@@ -33,10 +33,3 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
                                 device_id=device if use_cuda else None)
     return DistInfo(rank=rank, world_size=world_size, device=device)
 
-
-def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    """Sums a few floats across the default group (one collective)."""
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor)
-    return tensor.tolist()
