@@ -10,7 +10,8 @@ weight split by vocabulary rows, `vocab_parallel_chunked_loss` with its default 
 one chunk (each rank's whole [tokens, V/2] logits: the memory of the unchunked vocab-parallel path).
 
 Each variant runs in a fresh process. Peak memory is the growth of the peak resident set (VmHWM, reset through
-/proc/self/clear_refs once model and batch exist) during the step; for TP=2 the larger of the two ranks. The loss
+/proc/self/clear_refs once model and batch exist) during the step, with glibc's mmap threshold fixed at 128 KiB so
+that freed tensors leave the resident set; for TP=2 the larger of the two ranks. The loss
 and the norm of every parameter's gradient are compared between the two paths of each strategy.
 """
 
@@ -149,7 +150,11 @@ def _child(args, variant: str, fused: bool, model: str, port: int) -> dict:
            "--port", str(port), "--tokens", str(args.tokens), "--vocab", str(args.vocab), "--hidden",
            str(args.hidden), "--sequences", str(args.sequences)] + (["--fused"] if fused else [])
     cmd += ["--chunk-size", str(args.chunk_size)] if args.chunk_size else []
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)))
+    # A fixed mmap threshold: glibc then returns every freed tensor of 128 KiB or more to the OS at once, so the
+    # resident-set peak follows live tensor memory (as a GPU allocator's peak would) instead of the heap the
+    # allocator keeps after activations are freed.
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)),
+               MALLOC_MMAP_THRESHOLD_="131072")
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if done.returncode:
         raise RuntimeError(f"{variant} fused={fused} failed:\n{done.stderr[-3000:]}")

@@ -1,5 +1,6 @@
-"""Megatron pipeline schedule: PP=2 with all micro-batches of a mini-batch in one 1F1B schedule, against the same
-job with one micro-batch per schedule call (stages run one after the other) and against PP=1 x DP=2.
+"""Megatron pipeline schedule: PP=2 with all micro-batches of a mini-batch in one 1F1B schedule (plain, and
+interleaved over two model chunks per rank: virtual_pipeline_model_parallel_size=2), against the same job with one
+micro-batch per schedule call (stages run one after the other) and against PP=1 x DP=2.
 
 Two gloo worker processes build the megatron backend (`rl.backends.registry.build_backend`) over a small random
 Qwen2 model and train on the same 16 packed sequences per mini-batch, split into `--micro_batches` micro-batches
@@ -24,6 +25,8 @@ import torch.multiprocessing as mp
 
 VARIANTS = {
     "pp2, one schedule over all micro-batches (1F1B)": ({"pipeline_model_parallel_size": 2}, "schedule"),
+    "pp2 x vp2, interleaved 1F1B over all micro-batches": (
+        {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2}, "schedule"),
     "pp2, one micro-batch per schedule call": ({"pipeline_model_parallel_size": 2}, "one_by_one"),
     "pp1 x dp2, one schedule per shard": ({}, "schedule"),
 }

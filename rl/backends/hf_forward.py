@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from rl.backends.logits import token_logprobs_and_entropy
+from rl.backends.tied_grad import shared_tied_grad
 from rl.backends.varlen_attention import packing_kwargs
 from rl.core.packing import PackedBatch
 
@@ -55,11 +56,16 @@ def scored_logits(model: nn.Module, batch: PackedBatch) -> ScoredLogits:
     return ScoredLogits(logits.reshape(-1, logits.shape[-1]), targets_at)
 
 
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The Hugging Face model inside a DeepSpeed engine or FSDP wrapper."""
+    while not hasattr(model, "get_output_embeddings") and hasattr(model, "module"):
+        model = model.module
+    return model
+
+
 def output_head(model: nn.Module) -> nn.Module:
     """The LM head of a (possibly wrapped: DeepSpeed engine, FSDP) Hugging Face causal LM; bias-free only."""
-    inner = model
-    while not hasattr(inner, "get_output_embeddings") and hasattr(inner, "module"):
-        inner = inner.module
+    inner = _unwrapped(model)
     head = inner.get_output_embeddings()
     if not isinstance(getattr(head, "weight", None), Tensor) or getattr(head, "bias", None) is not None:
         raise ValueError("trainer.policy.use_fused_kernels needs a bias-free linear LM head; set it to false for "
@@ -68,11 +74,12 @@ def output_head(model: nn.Module) -> nn.Module:
 
 
 @contextlib.contextmanager
-def _head_replaced(head: nn.Module, fn):
+def _head_replaced(head: nn.Module, fn, route):
     """The head's forward is `fn(hidden [..., H], weight)` while the block runs. The wrapped model's own forward
     still calls it, inside FSDP's / ZeRO-3's hooks, so the weight it receives is the gathered one and the
-    gradient `fn`'s output carries reaches the sharded parameter through the same path as the logits path's."""
-    head.forward = lambda hidden: fn(hidden.reshape(-1, hidden.shape[-1]), head.weight)
+    gradient `fn`'s output carries reaches the sharded parameter through the same path as the logits path's.
+    `route` is `tied_grad.shared_tied_grad`'s: tied embeddings share one gradient buffer."""
+    head.forward = lambda hidden: fn(hidden.reshape(-1, hidden.shape[-1]), route(head.weight))
     try:
         yield
     finally:
@@ -83,7 +90,9 @@ def head_call(model: nn.Module, batch: PackedBatch, fn):
     """What `fn(hidden [M, H], lm_head_weight, targets_at [M])` returned: the model body over the batch, then `fn`
     in place of the LM head over the scored positions (those of `scored_logits`)."""
     kwargs, targets_at = scored_inputs(batch)
-    with _head_replaced(output_head(model), lambda hidden, weight: fn(hidden, weight, targets_at)):
+    head = output_head(model)
+    with (shared_tied_grad(_unwrapped(model).get_input_embeddings(), head) as route,
+          _head_replaced(head, lambda hidden, weight: fn(hidden, weight, targets_at), route)):
         return model(**kwargs).logits
 
 

@@ -54,36 +54,36 @@ class MegatronBackend(TrainingBackend):
         recompute = opts.recompute_granularity or ("full" if self.spec.gradient_checkpointing else None)
         config = transformer_config(self.hf_config, self.layout, opts.sequence_parallel,
                                     recompute if self.trainable else None, opts.transformer_config_kwargs)
-        from megatron.core import parallel_state as ps
-
-        model = build_gpt_model(self.hf_config, config, self.layout, ps.is_pipeline_first_stage(),
-                                ps.is_pipeline_last_stage())
-        self.model = model
+        # One model chunk per virtual pipeline stage (VP of them with the interleaved schedule; one otherwise).
+        self.chunks = [build_gpt_model(self.hf_config, config, self.layout, k) for k in range(self.layout.vp)]
+        self.model = self.chunks[0] if len(self.chunks) == 1 else torch.nn.ModuleList(self.chunks)
         weights = load_causal_lm(self.spec.path, torch.device("cpu")).state_dict()
-        self._load_local(hf_to_megatron(weights, self.hf_config, self.layout))
+        for chunk, layout in zip(self.chunks, self.layout.chunks(), strict=True):
+            self._load_local(chunk, hf_to_megatron(weights, self.hf_config, layout))
         del weights
         self.model.to(self.dist.device)
-        self.ddp = None
+        self.ddp: list = []
         if self.trainable:
             offload = self.options.optimizer_cpu_offload
-            self.ddp = mopt.wrap_ddp(self.model, distributed_optimizer=not offload)
+            self.ddp = [mopt.wrap_ddp(chunk, distributed_optimizer=not offload) for chunk in self.chunks]
             self.optimizer = mopt.MegatronAdam(self.ddp, self.spec, offload)
             self.scheduler = self.optimizer.scheduler
         else:
             self.model.requires_grad_(False)
 
-    def forward_module(self) -> torch.nn.Module:
-        return self.ddp if self.ddp is not None else self.model
+    def _scheduled_chunks(self) -> list[torch.nn.Module]:
+        return self.ddp or self.chunks
 
-    def _load_local(self, state: dict[str, Tensor]) -> None:
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
+    @staticmethod
+    def _load_local(chunk: torch.nn.Module, state: dict[str, Tensor]) -> None:
+        missing, unexpected = chunk.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]
         if missing or unexpected:
             raise ValueError(f"megatron weights do not match the model: missing {missing}, unexpected {unexpected}")
 
     # --- forward ----------------------------------------------------------------------------------------------
     def _vocab_start(self) -> int:
-        return self.layout.tp_rank * self.model.vocab_size // self.layout.tp
+        return self.layout.tp_rank * self.chunks[0].vocab_size // self.layout.tp
 
     def _token_logprobs(self, logits: Tensor, batch: PackedBatch, with_entropy: bool):
         n = batch.num_tokens
@@ -91,9 +91,19 @@ class MegatronBackend(TrainingBackend):
                                           self.hf_config.vocab_size, self.spec.temperature, with_entropy)
         return PackedBatch.align_to_targets(lp), (PackedBatch.align_to_targets(ent) if ent is not None else None)
 
+    def _micro_batches(self, batches: list[PackedBatch]) -> tuple[list[PackedBatch], list[bool]]:
+        """(`batches` on the device with placeholders for empty ones, which of them are real); with the
+        interleaved schedule placeholders pad them to a multiple of PP (its rule: whole groups of PP micro-batches
+        per model chunk)."""
+        multiple = self.layout.pp if self.layout.vp > 1 else 1
+        real = [b.num_tokens > 0 for b in batches] + [False] * (-len(batches) % multiple)
+        batches = batches + [placeholder_batch()] * (len(real) - len(batches))
+        return [(b if b.num_tokens else placeholder_batch()).to(self.dist.device) for b in batches], real
+
     def _schedule(self, batches: list[PackedBatch], loss_func, forward_only: bool) -> list:
         """Megatron's forward-backward schedule over all `batches` as its micro-batches (1F1B overlap of the stages
-        with PP > 1); `loss_func(i, logits)` scores micro-batch i. Returns its results on the last stage."""
+        with PP > 1, interleaved over the model chunks with VP > 1); `loss_func(i, logits)` scores micro-batch i.
+        Returns its results on the last stage."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         lengths = B.padded_lengths(batches, B.pad_multiple(self.layout.tp, self.options.sequence_parallel),
@@ -106,11 +116,14 @@ class MegatronBackend(TrainingBackend):
             ids, pos, params = inputs[i]
             return model(ids, pos, None, packed_seq_params=params), functools.partial(loss_func, i)
 
+        chunks = self._scheduled_chunks()
+        # Each model chunk walks the micro-batches in order (the interleaved schedule takes one iterator per chunk).
+        order = [iter(range(len(batches))) for _ in chunks]
         with cpu_compat(self.dist.device):
             return get_forward_backward_func()(
-                forward_step_func=forward_step, data_iterator=iter(range(len(batches))),
-                model=[self.forward_module()], num_microbatches=len(batches), seq_length=max(lengths),
-                micro_batch_size=1, forward_only=forward_only)
+                forward_step_func=forward_step, data_iterator=order if len(chunks) > 1 else order[0], model=chunks,
+                num_microbatches=len(batches), seq_length=max(lengths), micro_batch_size=1,
+                forward_only=forward_only)
 
     def data_parallel_rank(self) -> DataParallelRank:
         """TP x PP ranks share one data-parallel shard; its last pipeline stage's first TP rank reports."""
@@ -121,7 +134,7 @@ class MegatronBackend(TrainingBackend):
 
     @torch.no_grad()
     def _forward_only(self, batches: list[PackedBatch], with_entropy: bool) -> list[dict] | None:
-        batches = [(b if b.num_tokens else placeholder_batch()).to(self.dist.device) for b in batches]
+        count, (batches, _) = len(batches), self._micro_batches(batches)
         self.model.eval()
 
         def loss_func(i, logits):
@@ -129,7 +142,7 @@ class MegatronBackend(TrainingBackend):
             return logits.new_zeros(()), {"lp": lp.float().cpu(), "ent": ent.float().cpu() if with_entropy else None}
 
         out = self._schedule(batches, loss_func, forward_only=True)
-        return out if self.data_parallel_rank().reports else None
+        return out[:count] if self.data_parallel_rank().reports else None
 
     def logprobs_micro_batches(self, batches: list[PackedBatch], with_entropy: bool = False) -> list[Tensor] | None:
         out = self._forward_only(batches, with_entropy)
@@ -145,8 +158,7 @@ class MegatronBackend(TrainingBackend):
 
     def train_micro_batches(self, batches: list[PackedBatch], settings: LossSettings, normalizer: LossNormalizer
                             ) -> dict[str, float] | None:
-        real = [b.num_tokens > 0 for b in batches]
-        batches = [(b if b.num_tokens else placeholder_batch()).to(self.dist.device) for b in batches]
+        batches, real = self._micro_batches(batches)
         self.model.train()
         fused, seen = self.spec.fused_kernels, {}
 
@@ -168,7 +180,7 @@ class MegatronBackend(TrainingBackend):
             # DDP averages the gradients over the normalizer's dp_world_size shards, which the loss undoes.
             return loss * (len(batches) if real[i] else 0.0), report
 
-        with output_layer_yields_hidden(self.model, seen) if fused else contextlib.nullcontext():
+        with output_layer_yields_hidden(self.chunks[-1], seen) if fused else contextlib.nullcontext():
             out = self._schedule(batches, loss_func, forward_only=False)
         if not self.data_parallel_rank().reports:
             return None
@@ -206,16 +218,16 @@ class MegatronBackend(TrainingBackend):
     def _move_state(self, device: torch.device) -> None:
         """GPU only: megatron's DDP buffers hold the weights (with the distributed optimizer) and the grads, so they
         move through megatron's buffer offload, which keeps the parameters' views into them valid."""
-        if self.dist.device.type == "cpu" or self.ddp is None:
+        if self.dist.device.type == "cpu" or not self.ddp:
             super()._move_state(device)
             return
         to_host = device.type == "cpu"
-        for buffer in self.ddp.buffers + self.ddp.expert_parallel_buffers:
+        for buffer in (b for chunk in self.ddp for b in chunk.buffers + chunk.expert_parallel_buffers):
             if to_host:
                 buffer.offload_to_cpu()
             else:
                 buffer.reload_from_cpu()
-        if not self.ddp.ddp_config.use_distributed_optimizer:  # the weights are not in the buffers then
+        if not self.ddp[0].ddp_config.use_distributed_optimizer:  # the weights are not in the buffers then
             self.model.to(device)
         self.optimizer.move_state(device)
         if to_host:
@@ -223,26 +235,36 @@ class MegatronBackend(TrainingBackend):
 
     # --- checkpoints and export -------------------------------------------------------------------------------
     def save_checkpoint(self, path: str) -> None:
+        states = [{"model": state} for state in ckpt.chunk_states(self.chunks)]
         with cpu_compat(self.dist.device):
-            state = {"model": ckpt.model_state(self.model), **self.optimizer.state_dict()}
-        ckpt.save_distributed(path, self.layout, state)
+            states[0].update(self.optimizer.state_dict(), pipeline=self._pipeline())
+        ckpt.save_distributed(path, self.layout, states)
         if self.dist.is_main:  # lets `rl.launch.convert --direction=megatron_to_hf` read training checkpoints
             from rl.backends.megatron.hf_io import write_layout
 
             write_layout(path, self.layout, os.path.expanduser(self.spec.path))
 
+    def _pipeline(self) -> dict[str, int]:
+        return {"pp": self.layout.pp, "vp": self.layout.vp}
+
     def load_checkpoint(self, path: str) -> None:
-        state = ckpt.read_shard(path, self.layout)
-        self._load_local(state["model"])
+        states = ckpt.read_chunks(path, self.layout)
+        for chunk, state in zip(self.chunks, states, strict=True):
+            self._load_local(chunk, state["model"])
         if self.optimizer is not None:
+            saved = states[0].get("pipeline", {"pp": self.layout.pp * self.layout.vp, "vp": 1})
+            if "optimizer" in states[0] and saved != self._pipeline():
+                raise ValueError(f"{path}: its optimizer state was saved with PP={saved['pp']}, VP={saved['vp']}; "
+                                 f"this run has PP={self.layout.pp}, VP={self.layout.vp} "
+                                 "(trainer.policy.megatron_config): resume with those sizes")
             with cpu_compat(self.dist.device):
-                self.optimizer.load_state_dict(state)
+                self.optimizer.load_state_dict(states[0])
 
     def full_state_dict(self) -> dict[str, Tensor]:
         from rl.backends.megatron.convert import megatron_to_hf
 
-        shards = ckpt.gather_shards(self.model, self.layout)
+        shards = ckpt.gather_shards(ckpt.chunk_states(self.chunks), self.layout)
         if shards is None:
             return {}
         layout = self.layout
-        return megatron_to_hf(shards, self.hf_config, layout.tp, layout.pp, layout.ep)
+        return megatron_to_hf(shards, self.hf_config, layout.tp, layout.pp * layout.vp, layout.ep)

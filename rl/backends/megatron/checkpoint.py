@@ -5,6 +5,9 @@ first rank holding that shard writes it; data-parallel replicas read it), each w
 state dict), and, when saved from training, `scheduler` and (after the first step) `optimizer`: megatron's own format
 for its distributed optimizer (`distributed_optimizer_state`), gathered over DP, so every shard file holds the whole
 optimizer state of its model shard and loads at any DP size; with `optimizer_cpu_offload`, HostAdamW's state dict.
+With the interleaved schedule (VP model chunks per pipeline rank) each chunk is stored as the pipeline stage it is
+in a plain PP * VP pipeline (`Layout.chunk`); the rank's optimizer and schedule go with its first chunk, marked
+with the (PP, VP) they were saved under.
 `rl.launch.convert` writes the same layout from a Hugging Face checkpoint for any TP/PP/EP without starting a process
 group.
 """
@@ -62,6 +65,10 @@ def load_distributed_optimizer_state(optimizer, states: list[dict]) -> None:
             inner[param]["step"] = step.clone()
 
 
+def chunk_states(chunks: list[torch.nn.Module]) -> list[dict[str, Tensor]]:
+    return [model_state(chunk) for chunk in chunks]
+
+
 def write_shard(root: str, layout: Layout, state: dict) -> None:
     """Writes one shard file atomically (beside it, then renamed)."""
     directory = shard_dir(root, layout.tp_rank, layout.pp_rank, layout.ep_rank)
@@ -79,19 +86,28 @@ def read_shard(root: str, layout: Layout) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def save_distributed(root: str, layout: Layout, state: dict) -> None:
-    """Collective: the first rank holding each (tp, pp, ep) shard writes it."""
+def read_chunks(root: str, layout: Layout) -> list[dict]:
+    """The shard files of this rank's model chunks (one without the interleaved schedule)."""
+    return [read_shard(root, chunk) for chunk in layout.chunks()]
+
+
+def save_distributed(root: str, layout: Layout, states: list[dict]) -> None:
+    """Collective: the first rank holding each (tp, pp, ep) shard writes the files of its model chunks, `states[k]`
+    as chunk k's."""
     coords = (layout.tp_rank, layout.pp_rank, layout.ep_rank)
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, coords)
     if everyone.index(coords) == dist.get_rank():
-        write_shard(root, layout, state)
+        for chunk, state in zip(layout.chunks(), states, strict=True):
+            write_shard(root, chunk, state)
     dist.barrier()
 
 
-def gather_shards(model: torch.nn.Module, layout: Layout) -> dict[tuple[int, int, int], dict[str, Tensor]] | None:
-    """Every rank's local weights, keyed by (tp_rank, pp_rank, ep_rank), on rank 0 (None elsewhere). Collective."""
-    mine = ((layout.tp_rank, layout.pp_rank, layout.ep_rank), model_state(model))
+def gather_shards(states: list[dict[str, Tensor]], layout: Layout
+                  ) -> dict[tuple[int, int, int], dict[str, Tensor]] | None:
+    """Every rank's local weights (`states[k]`: model chunk k's), keyed by (tp_rank, pp_rank, ep_rank) of the plain
+    PP * VP pipeline the chunks form (`Layout.chunk`), on rank 0 (None elsewhere). Collective."""
+    mine = [((c.tp_rank, c.pp_rank, c.ep_rank), state) for c, state in zip(layout.chunks(), states, strict=True)]
     gathered: list | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(mine, gathered, dst=0)
-    return dict(gathered) if gathered is not None else None
+    return {coords: state for rank in gathered for coords, state in rank} if gathered is not None else None

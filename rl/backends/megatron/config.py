@@ -44,6 +44,14 @@ class MegatronConfig:
     pipeline_model_parallel_size: int = 1
     """Pipeline-parallel size (PP): the layers are split into this many stages."""
 
+    virtual_pipeline_model_parallel_size: int | None = None
+    """Interleaved pipeline schedule (VP): each pipeline rank holds this many model chunks, chunk k of rank r the
+    layer block k * PP + r, which shrinks the pipeline bubble by about this factor for more point-to-point
+    traffic. `null` or 1: the plain 1F1B schedule. Needs PP > 1, and PP * VP must divide the layers. The
+    interleaved schedule runs a multiple of PP micro-batches, so a mini-batch's micro-batches are padded with
+    empty ones to the next multiple. Checkpoints are stored as PP * VP pipeline stages (`rl.launch.convert` reads
+    them as such)."""
+
     expert_model_parallel_size: int = 1
     """Expert-parallel size (EP) for mixture-of-experts layers; 1 for dense models."""
 
@@ -61,6 +69,9 @@ class MegatronConfig:
     """Keep fp32 master weights and the AdamW moments in host memory and run the update on the CPU; the device
     holds only weights and gradients (a host round trip per optimizer step). Same numbers as without it."""
 
+    def virtual_pipeline_size(self) -> int:
+        return self.virtual_pipeline_model_parallel_size or 1
+
     @classmethod
     def from_options(cls, options: dict | None) -> MegatronConfig:
         """The block as the backend receives it (`ModelSpec.backend_options`); absent keys take their defaults."""
@@ -70,9 +81,14 @@ class MegatronConfig:
         return cls(**(options or {}))
 
 
-def layout_problems(world: int, tp: int, pp: int, ep: int, sequence_parallel: bool) -> list[tuple[str, str]]:
+def layout_problems(world: int, tp: int, pp: int, ep: int, sequence_parallel: bool, vp: int = 1
+                    ) -> list[tuple[str, str]]:
     """(key, problem) for each of megatron-core's layout rules the sizes break."""
     found = []
+    if vp > 1 and pp == 1:
+        found.append((f"{BLOCK}.virtual_pipeline_model_parallel_size",
+                      f"is {vp}, but the interleaved schedule needs pipeline_model_parallel_size > 1; set it to "
+                      "null or raise PP"))
     if world % (tp * pp):
         found.append((f"{BLOCK}.tensor_model_parallel_size",
                       f"TP {tp} * PP {pp} = {tp * pp} must divide the world size {world} ({_WORLD}); the dense "
@@ -89,7 +105,7 @@ def layout_problems(world: int, tp: int, pp: int, ep: int, sequence_parallel: bo
     return found
 
 
-def model_problems(model, tp: int, pp: int, ep: int) -> list[tuple[str, str]]:
+def model_problems(model, tp: int, pp: int, ep: int, vp: int = 1) -> list[tuple[str, str]]:
     """(key, problem) for each size of the model (a Hugging Face config: attribute access) the layout does not
     divide; megatron-core itself only asserts."""
     found = []
@@ -101,6 +117,9 @@ def model_problems(model, tp: int, pp: int, ep: int) -> list[tuple[str, str]]:
     if model.num_hidden_layers % pp:
         found.append((f"{BLOCK}.pipeline_model_parallel_size",
                       f"{pp} must divide the model's {model.num_hidden_layers} layers"))
+    elif model.num_hidden_layers % (pp * vp):
+        found.append((f"{BLOCK}.virtual_pipeline_model_parallel_size",
+                      f"PP {pp} * VP {vp} = {pp * vp} must divide the model's {model.num_hidden_layers} layers"))
     experts = getattr(model, "num_local_experts", None)
     if ep > 1 and (experts is None or experts % ep):
         found.append((f"{BLOCK}.expert_model_parallel_size", f"{ep} must divide the model's experts ({experts})"))
@@ -119,9 +138,10 @@ def _local_model_config(path: str):
         return None  # the model loader reports an unreadable config
 
 
-def kwargs_problems(kwargs: dict[str, Any]) -> list[tuple[str, str]]:
+def kwargs_problems(kwargs: dict[str, Any], own_keys: set[str] = frozenset()) -> list[tuple[str, str]]:
     """`transformer_config_kwargs` checked against megatron-core's own TransformerConfig: every key must be one of
-    its fields, and `recompute_modules` must be values its validation accepts."""
+    its fields and not one the block sets itself (`own_keys`), and `recompute_modules` must be values its
+    validation accepts."""
     if not kwargs:
         return []
     import difflib
@@ -130,7 +150,8 @@ def kwargs_problems(kwargs: dict[str, Any]) -> list[tuple[str, str]]:
 
     key = f"{BLOCK}.transformer_config_kwargs"
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-    found = []
+    found = [(f"{key}.{name}", f"is a key of {BLOCK} itself; set {BLOCK}.{name} instead")
+             for name in sorted(set(kwargs) & set(own_keys))]
     for name in sorted(set(kwargs) - fields):
         close = difflib.get_close_matches(name, fields, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -154,6 +175,7 @@ class MegatronStrategy(StrategyConfig):
         **{f"policy.megatron_cfg.{name}": f"{BLOCK}.{name}" for name in (
             "tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
             "sequence_parallel")},
+        "policy.megatron_cfg.virtual_pipeline_model_parallel_size": f"{BLOCK}.virtual_pipeline_model_parallel_size",
         "policy.megatron_cfg.optimizer.optimizer_cpu_offload": f"{BLOCK}.optimizer_cpu_offload",
     }
     ulysses_hint = f", and use {BLOCK}.sequence_parallel=true with TP > 1 for megatron's own sequence parallelism"
@@ -162,17 +184,19 @@ class MegatronStrategy(StrategyConfig):
         before = len(problems.lines)
         check_rules(cfg, problems, [
             *(at_least(f"{BLOCK}.{name}_model_parallel_size", 1) for name in ("tensor", "pipeline", "expert")),
+            optional(at_least(f"{BLOCK}.virtual_pipeline_model_parallel_size", 1)),
             optional(one_of(f"{BLOCK}.recompute_granularity", RECOMPUTE_GRANULARITIES)),
         ])
         block, world = cfg.blocks[BLOCK], policy_world_size(cfg)
         sizes = (block.tensor_model_parallel_size, block.pipeline_model_parallel_size, block.expert_model_parallel_size)
+        vp = block.virtual_pipeline_size()
         if len(problems.lines) == before and world >= 1:
-            for key, problem in layout_problems(world, *sizes, block.sequence_parallel):
+            for key, problem in layout_problems(world, *sizes, block.sequence_parallel, vp):
                 problems.add(key, problem)
             model = _local_model_config(cfg.trainer.policy.model.path)
-            for key, problem in model_problems(model, *sizes) if model is not None else ():
+            for key, problem in model_problems(model, *sizes, vp) if model is not None else ():
                 problems.add(key, f"{problem} ({cfg.trainer.policy.model.path}/config.json); pick a divisor")
-        for key, problem in kwargs_problems(block.transformer_config_kwargs):
+        for key, problem in kwargs_problems(block.transformer_config_kwargs, set(dataclasses.asdict(block))):
             problems.add(key, problem)
         if cfg.trainer.kernels != "auto":
             problems.add("trainer.kernels",

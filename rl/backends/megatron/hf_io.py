@@ -36,9 +36,11 @@ def hf_to_megatron_checkpoint(hf_path: str, out_dir: str, tp: int, pp: int, ep: 
 
 
 def write_layout(directory: str, layout: Layout, hf_path: str) -> None:
-    """layout.json: the sizes the shards were cut for and the HF source (config, tokenizer) for converting back."""
+    """layout.json: the sizes the shards were cut for and the HF source (config, tokenizer) for converting back.
+    Model chunks of the interleaved schedule are pipeline stages here (PP * VP of them, `Layout.chunk`)."""
     with open(os.path.join(directory, LAYOUT_FILE), "w") as f:
-        json.dump({"tp": layout.tp, "pp": layout.pp, "ep": layout.ep, "hf_path": os.path.abspath(hf_path)}, f)
+        json.dump({"tp": layout.tp, "pp": layout.pp * layout.vp, "ep": layout.ep, "hf_path": os.path.abspath(hf_path)},
+                  f)
 
 
 def read_layout(megatron_dir: str) -> dict:

@@ -20,7 +20,8 @@ MOE_TYPES = ("mixtral",)
 
 @dataclass(frozen=True)
 class Layout:
-    """How the model is split: TP, PP, EP sizes and this rank's coordinates."""
+    """How the model is split: TP, PP, EP sizes and this rank's coordinates; VP model chunks per pipeline rank
+    (the interleaved schedule)."""
 
     tp: int = 1
     pp: int = 1
@@ -28,12 +29,32 @@ class Layout:
     tp_rank: int = 0
     pp_rank: int = 0
     ep_rank: int = 0
+    vp: int = 1
 
     def layers_per_stage(self, num_layers: int) -> int:
-        if num_layers % self.pp:
-            raise ValueError(f"trainer.policy.megatron_config.pipeline_model_parallel_size={self.pp} must divide "
-                             f"the model's {num_layers} layers; pick a divisor")
-        return num_layers // self.pp
+        """Layers per model chunk (per pipeline stage when VP = 1)."""
+        if num_layers % (self.pp * self.vp):
+            raise ValueError(f"trainer.policy.megatron_config: PP {self.pp} * VP {self.vp} must divide the model's "
+                             f"{num_layers} layers; pick divisors")
+        return num_layers // (self.pp * self.vp)
+
+    def chunk(self, k: int) -> Layout:
+        """Model chunk k of this rank as a stage of a plain pipeline of PP * VP stages: megatron's interleaved
+        schedule gives chunk k of pipeline rank r the layer block k * PP + r. Conversion and checkpoints see each
+        chunk this way, so a PP = p, VP = v model is stored as a PP = p * v one."""
+        return Layout(tp=self.tp, pp=self.pp * self.vp, ep=self.ep, tp_rank=self.tp_rank,
+                      pp_rank=k * self.pp + self.pp_rank, ep_rank=self.ep_rank)
+
+    def chunks(self) -> list[Layout]:
+        return [self.chunk(k) for k in range(self.vp)]
+
+    @property
+    def first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
 
 
 def rope_theta(hf_config) -> float:
@@ -56,7 +77,7 @@ def head_dim(hf_config) -> int:
 def check_divisible(hf_config, layout: Layout) -> None:
     """The model's sizes against the layout, with the key to change (the config check does the same at load time
     for a local model; megatron-core only asserts)."""
-    problems = model_problems(hf_config, layout.tp, layout.pp, layout.ep)
+    problems = model_problems(hf_config, layout.tp, layout.pp, layout.ep, layout.vp)
     if problems:
         raise ValueError("; ".join(f"{key}: {problem}" for key, problem in problems))
 
@@ -83,8 +104,14 @@ def transformer_config(hf_config, layout: Layout, sequence_parallel: bool = Fals
         persist_layer_norm=False, use_cpu_initialization=True, perform_initialization=False,
         params_dtype=params_dtype, pipeline_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
         tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vp if layout.vp > 1 else None,
         expert_model_parallel_size=layout.ep, sequence_parallel=sequence_parallel,
     )
+    if layout.vp > 1:
+        # Megatron-LM's default for the interleaved schedule: separate isend/irecv, overlapped with compute. The
+        # batched form posts both directions to one peer (PP = 2: the previous and next stage are the same rank)
+        # in an order that can pair an activation with a gradient buffer.
+        kwargs.update(overlap_p2p_comm=True, batch_p2p_comm=False)
     if recompute_granularity:
         kwargs["recompute_granularity"] = recompute_granularity
         if recompute_granularity == "full":
@@ -149,15 +176,18 @@ def match_padding_idx(model, pad_token_id: int | None) -> None:
     embedding.register_forward_hook(hook)
 
 
-def build_gpt_model(hf_config, config, layout: Layout, pre_process: bool, post_process: bool):
+def build_gpt_model(hf_config, config, layout: Layout, vp_stage: int = 0):
+    """Model chunk `vp_stage` of this rank (the whole local model when VP = 1)."""
     from megatron.core.models.gpt import GPTModel
 
+    chunk = layout.chunk(vp_stage)
     model = GPTModel(
         config=config, transformer_layer_spec=block_spec(config, layout.layers_per_stage(hf_config.num_hidden_layers)),
         vocab_size=padded_vocab_size(hf_config.vocab_size, layout.tp),
-        max_sequence_length=hf_config.max_position_embeddings, pre_process=pre_process, post_process=post_process,
-        parallel_output=True, share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
-        position_embedding_type="rope", rotary_base=rope_theta(hf_config),
+        max_sequence_length=hf_config.max_position_embeddings, pre_process=chunk.first_stage,
+        post_process=chunk.last_stage, parallel_output=True,
+        share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings), position_embedding_type="rope",
+        rotary_base=rope_theta(hf_config), vp_stage=vp_stage if layout.vp > 1 else None,
     )
     mark_tensor_parallel(model)
     match_padding_idx(model, getattr(hf_config, "pad_token_id", None))

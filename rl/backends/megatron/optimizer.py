@@ -35,16 +35,16 @@ def wrap_ddp(model, distributed_optimizer: bool):
     return DistributedDataParallel(model.config, ddp_config, model)
 
 
-def _megatron_optimizer(ddp_model, spec: ModelSpec):
+def _megatron_optimizer(ddp_chunks: list, spec: ModelSpec):
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    distributed = ddp_model.ddp_config.use_distributed_optimizer
+    distributed = ddp_chunks[0].ddp_config.use_distributed_optimizer
     config = OptimizerConfig(optimizer="adam", lr=spec.lr, min_lr=spec.lr, weight_decay=spec.weight_decay,
                              adam_beta1=spec.betas[0], adam_beta2=spec.betas[1], adam_eps=1e-8,
                              clip_grad=spec.max_grad_norm, use_distributed_optimizer=distributed)
     # config_overrides={}: weight decay on every parameter, as torch's AdamW in the other backends (megatron's
     # default skips biases and norms).
-    return get_megatron_optimizer(config, [ddp_model], config_overrides={})
+    return get_megatron_optimizer(config, ddp_chunks, config_overrides={})
 
 
 class WarmupLR:
@@ -71,15 +71,16 @@ class WarmupLR:
 
 
 class MegatronAdam:
-    """AdamW over a megatron DDP-wrapped model (see the module docstring). Call its methods inside `cpu_compat`."""
+    """AdamW over a megatron DDP-wrapped model, one DDP module per model chunk (several with the interleaved
+    schedule; see the module docstring). Call its methods inside `cpu_compat`."""
 
-    def __init__(self, ddp_model, spec: ModelSpec, offload: bool):
-        self.ddp = ddp_model
-        self.megatron = _megatron_optimizer(ddp_model, spec)
+    def __init__(self, ddp_chunks: list, spec: ModelSpec, offload: bool):
+        self.ddp = ddp_chunks
+        self.megatron = _megatron_optimizer(ddp_chunks, spec)
         self.host = None
         if offload:
-            self.host = HostAdamW(ddp_model.module.parameters(), lr=spec.lr, betas=spec.betas,
-                                  weight_decay=spec.weight_decay)
+            self.host = HostAdamW([p for chunk in ddp_chunks for p in chunk.module.parameters()], lr=spec.lr,
+                                  betas=spec.betas, weight_decay=spec.weight_decay)
         self.scheduler = WarmupLR(self.torch_optimizers(), spec.lr_warmup_steps)
 
     def torch_optimizers(self) -> list[torch.optim.Optimizer]:
@@ -98,7 +99,7 @@ class MegatronAdam:
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.optimizer import optimizer as megatron_optimizer
 
-        finalize_model_grads([self.ddp])
+        finalize_model_grads(self.ddp)
         self.megatron.prepare_grads()
         norm = float(self.megatron.get_grad_norm())
         for opt in self.megatron.chained_optimizers:
@@ -115,7 +116,8 @@ class MegatronAdam:
         else:
             self.megatron.step_with_ready_grads()
         self.scheduler.step()
-        self.ddp.zero_grad_buffer()
+        for chunk in self.ddp:
+            chunk.zero_grad_buffer()
         self.megatron.zero_grad()
         if self.host is not None:
             self.host.zero_grad()

@@ -1,7 +1,7 @@
 """trainer.policy.use_fused_kernels on the Hugging Face strategies, in one process: the loss from hidden states and
 the (gathered) LM-head weight gives the logits path's loss, metrics, logprobs and gradient of every parameter
 (the logits path, `batch_logprobs` + `compute_policy_loss`, is the oracle), packed and padded, tied and untied
-embeddings, FSDP2 / FSDP / DeepSpeed ZeRO-2 and ZeRO-3."""
+embeddings (tied ones share one gradient buffer, `tied_grad`), FSDP2 / FSDP / DeepSpeed ZeRO-2 and ZeRO-3."""
 
 import pytest
 import torch
@@ -39,7 +39,8 @@ def model_path(request, tmp_path_factory):
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=request.param, initializer_range=0.2)
+                         tie_word_embeddings=request.param, initializer_range=0.2,
+                         pad_token_id=1)  # a token of the batches: its embedding row gets no lookup gradient
     path = str(tmp_path_factory.mktemp("tied" if request.param else "untied"))
     Qwen2ForCausalLM(config).save_pretrained(path)
     return path
@@ -89,9 +90,13 @@ def _zero_grads(backend) -> None:
 
 
 @pytest.mark.parametrize("strategy,options", CASES, ids=lambda v: str(v) if not isinstance(v, dict) else "zero3")
-def test_fused_loss_matches_the_logits_path(model_path, strategy, options):
+def test_fused_loss_matches_the_logits_path(model_path, strategy, options, monkeypatch):
     oracle = _backend(model_path, strategy, options, fused=False)
     fused = _backend(model_path, strategy, options, fused=True)
+    from rl.backends import tied_grad
+
+    shared, backward = [], tied_grad._Lookup.backward
+    monkeypatch.setattr(tied_grad._Lookup, "backward", lambda ctx, g: shared.append(1) or backward(ctx, g))
     for padded in (False, True):
         for name, settings in SETTINGS.items():
             batch = _batch(padded, oracle, on_policy="on_policy" in name)
@@ -108,6 +113,9 @@ def test_fused_loss_matches_the_logits_path(model_path, strategy, options):
             for param, grad in want_grads.items():
                 torch.testing.assert_close(got_grads[param], grad, rtol=1e-4, atol=1e-6, msg=f"{where}: {param}")
             assert any(float(g.abs().sum()) > 0 for g in want_grads.values())
+            # tied embeddings took the one-buffer route under every wrapper (ZeRO-3 and FSDP included)
+            assert len(shared) == (1 if "untied" not in model_path else 0), where
+            shared.clear()
             _zero_grads(oracle)
             _zero_grads(fused)
 

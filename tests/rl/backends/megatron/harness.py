@@ -74,13 +74,12 @@ def _full_grads(backend, strategy: str) -> dict[str, torch.Tensor]:
         from rl.backends.megatron.checkpoint import gather_shards
         from rl.backends.megatron.convert import megatron_to_hf
 
-        _gather_grad_buffers(backend.ddp)
-        grads = {name: p.main_grad for name, p in backend.model.named_parameters()}
-        holder = torch.nn.Module()
-        holder.state_dict = lambda: grads  # gather_shards reads state_dict()
-        shards = gather_shards(holder, backend.layout)
-        return megatron_to_hf(shards, backend.hf_config, backend.layout.tp, backend.layout.pp,
-                              backend.layout.ep) if shards else {}
+        for chunk in backend.ddp:
+            _gather_grad_buffers(chunk)
+        grads = [{name: p.main_grad for name, p in chunk.named_parameters()} for chunk in backend.chunks]
+        layout = backend.layout
+        shards = gather_shards(grads, layout)
+        return megatron_to_hf(shards, backend.hf_config, layout.tp, layout.pp * layout.vp, layout.ep) if shards else {}
     return {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
             for name, p in backend.model.named_parameters()}
 

@@ -1,6 +1,6 @@
 """The megatron backend's checkpoint restores training exactly (weights, megatron's distributed optimizer state
-sharded over DP, the LR warm-up), and its Hugging Face export (gathered from TP/PP shards) loads in transformers with
-the trained weights."""
+sharded over DP, the LR warm-up), and its Hugging Face export (gathered from TP/PP shards, and from the model chunks
+of the interleaved schedule) loads in transformers with the trained weights."""
 
 import os
 
@@ -20,7 +20,7 @@ def model_path(tmp_path_factory):
     from rl.tasks.embedded.tokenizer import build_tokenizer
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
                          max_position_embeddings=64)
     path = str(tmp_path_factory.mktemp("qwen2"))
@@ -31,6 +31,8 @@ def model_path(tmp_path_factory):
 
 LAYOUTS = {
     "pp2": {"pipeline_model_parallel_size": 2},
+    # two model chunks per rank, stored as a PP=4 checkpoint (the HF conversion below reads it as one)
+    "pp2-vp2": {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2},
     "tp2": {"tensor_model_parallel_size": 2},
     "dp2": {},  # the distributed optimizer's state is sharded over the two DP ranks
     "tp2-optimizer-offload": {"tensor_model_parallel_size": 2, "optimizer_cpu_offload": True},

@@ -42,6 +42,33 @@ def test_layout_that_does_not_divide_the_model_is_refused_naming_the_model(model
     assert cfg.blocks["trainer.policy.megatron_config"].tensor_model_parallel_size == 2
 
 
+def test_interleaved_schedule_needs_a_pipeline_and_whole_chunks_of_layers(model_dir):
+    path = f"trainer.policy.model.path={model_dir}"
+    message = _problems([*WORLD_4, path, BLOCK + "virtual_pipeline_model_parallel_size=2"])
+    assert (f"{BLOCK}virtual_pipeline_model_parallel_size: is 2, but the interleaved schedule needs "
+            "pipeline_model_parallel_size > 1") in message
+    message = _problems([*WORLD_4, path, BLOCK + "pipeline_model_parallel_size=2",
+                         BLOCK + "virtual_pipeline_model_parallel_size=2"])
+    assert f"{BLOCK}virtual_pipeline_model_parallel_size: PP 2 * VP 2 = 4 must divide the model's 6 layers" in message
+    message = _problems([*WORLD_4, BLOCK + "virtual_pipeline_model_parallel_size=0"])
+    assert f"{BLOCK}virtual_pipeline_model_parallel_size" in message
+    cfg = load_config([*WORLD_4, path, BLOCK + "pipeline_model_parallel_size=2",
+                       BLOCK + "virtual_pipeline_model_parallel_size=3"])
+    assert cfg.blocks["trainer.policy.megatron_config"].virtual_pipeline_size() == 3
+    # NeMo RL's key for it
+    cfg = load_config(["policy.megatron_cfg.enabled=true", "policy.megatron_cfg.pipeline_model_parallel_size=2",
+                       "policy.megatron_cfg.virtual_pipeline_model_parallel_size=2",
+                       "trainer.placement.policy_num_gpus_per_node=2"])
+    assert cfg.blocks["trainer.policy.megatron_config"].virtual_pipeline_model_parallel_size == 2
+
+
+def test_transformer_config_kwargs_may_not_repeat_the_blocks_own_keys():
+    message = _problems(["trainer.strategy=megatron",
+                         BLOCK + "transformer_config_kwargs={virtual_pipeline_model_parallel_size: 2}"])
+    assert (f"transformer_config_kwargs.virtual_pipeline_model_parallel_size: is a key of "
+            f"{BLOCK[:-1]} itself; set {BLOCK}virtual_pipeline_model_parallel_size instead") in message
+
+
 def test_transformer_config_kwargs_must_be_transformer_config_fields():
     message = _problems(["trainer.strategy=megatron", BLOCK + "transformer_config_kwargs={attention_dropuot: 0.0}"])
     assert re.search(r"transformer_config_kwargs\.attention_dropuot: is not a field of megatron-core's "

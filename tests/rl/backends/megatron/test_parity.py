@@ -135,3 +135,35 @@ def test_expert_parallel_moe_matches_single_rank_and_fsdp2(mixtral_path):
                               options={"expert_model_parallel_size": 2}), reference)
     fsdp2 = run_step("fsdp2", mixtral_path, VOCAB, world=2)
     assert_same_step(reference, fsdp2)
+
+
+@pytest.fixture(scope="module")
+def qwen4_path(tmp_path_factory):
+    """Four layers: PP=2 x VP=2 gives each model chunk one."""
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=0,
+                         max_position_embeddings=64)
+    return _save(Qwen2ForCausalLM(config), tmp_path_factory.mktemp("qwen2-4"))
+
+
+INTERLEAVED = {
+    "pp2-vp2-4-micro-batches": {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2,
+                                "micro_batches": 4},
+    # 3 micro-batches: the interleaved schedule runs a multiple of PP, so one empty micro-batch is added
+    "pp2-vp2-3-micro-batches": {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2,
+                                "micro_batches": 3},
+    "pp2-vp2-fused-loss": {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2,
+                           "micro_batches": 2, "use_fused_kernels": True},
+    "pp2-4-micro-batches": {"pipeline_model_parallel_size": 2, "micro_batches": 4},
+}
+
+
+@pytest.mark.parametrize("layout", INTERLEAVED)
+def test_interleaved_pipeline_matches_single_rank(qwen4_path, layout, request):
+    """PP=2 with two model chunks per rank (megatron's interleaved 1F1B schedule) against one rank."""
+    cache = request.config.cache_interleaved = getattr(request.config, "cache_interleaved", None) or {
+        "reference": run_step("megatron", qwen4_path, VOCAB, world=1),
+        **dict(zip(INTERLEAVED, run_steps("megatron", qwen4_path, VOCAB, 2, list(INTERLEAVED.values())),
+                   strict=True))}
+    assert_same_step(cache[layout], cache["reference"])
