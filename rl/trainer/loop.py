@@ -18,6 +18,7 @@ from rl.trainer.experience import build_experience, score
 from rl.trainer.faults import crash_point
 from rl.trainer.metrics import MetricsLogger
 from rl.trainer.policy_update import compute_logprobs, is_on_policy, micro_batching, update_policy
+from rl.trainer.rollout_mismatch import measure_and_correct, skips_old_logprob_pass
 from rl.trainer.sources import resolve_sources
 
 
@@ -39,7 +40,8 @@ class Trainer:
         pad = self.tokenizer.pad_token_id or 0
         self.forward_batching = micro_batching(cfg, self.group.dp_size, pad, train=False)
         self.train_batching = micro_batching(cfg, self.group.dp_size, pad, train=True)
-        self.on_policy = is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size)
+        self.on_policy = skips_old_logprob_pass(
+            cfg, is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size))
         self.ckpt_root = cfg.trainer.ckpt_path or os.path.join(run_dir, "checkpoints")
         self.metrics = MetricsLogger(run_dir, list(cfg.trainer.logger), cfg.trainer.project_name,
                                      cfg.trainer.run_name, config_to_dict(cfg))
@@ -90,8 +92,10 @@ class Trainer:
         compute_logprobs(self.group, self.forward_batching, experience, has_ref=algo.use_kl_loss,
                          on_policy=self.on_policy)
         forwarded = time.perf_counter()
+        mismatch = measure_and_correct(experience, algo.off_policy_correction)
         mini = cfg.trainer.policy_mini_batch_size * cfg.generator.n_samples_per_prompt
         row = update_policy(self.group, self.train_batching, self.settings, experience, mini)
+        row.update(mismatch)
         updated = time.perf_counter()
         self.sync_weights()
         finished = time.perf_counter()

@@ -77,3 +77,20 @@ def check_colocation(cfg: Config, problems: Problems) -> None:
             f"differs from the policy's {policy[0]}x{policy[1]}; set trainer.placement.ref_num_nodes="
             f"{policy[0]} and trainer.placement.ref_num_gpus_per_node={policy[1]} (or leave both null)",
         )
+
+
+def check_off_policy_bounds(cfg: Config, problems: Problems) -> None:
+    """Each low/high pair of trainer.algorithm.off_policy_correction is ordered, and token masking has both bounds
+    (one alone would do nothing)."""
+    key, opc = "trainer.algorithm.off_policy_correction.", cfg.trainer.algorithm.off_policy_correction
+    for low, high in (("geo_mask_low", "geo_mask_high"), ("product_mask_low", "product_mask_high"),
+                      ("outlier_token_is_threshold_low", "outlier_token_is_threshold_high"),
+                      ("token_mask_is_threshold_low", "token_mask_is_threshold_high")):
+        lo, hi = getattr(opc, low), getattr(opc, high)
+        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo >= hi:
+            problems.add(key + low, f"{lo} must be below {key}{high} ({hi})")
+    low, high = opc.token_mask_is_threshold_low, opc.token_mask_is_threshold_high
+    if (low is None) != (high is None):
+        unset = "token_mask_is_threshold_high" if high is None else "token_mask_is_threshold_low"
+        problems.add(key + unset, "is null, but token masking needs both token_mask_is_threshold_low and "
+                     "token_mask_is_threshold_high; set it, or set the other one to null")

@@ -58,6 +58,7 @@ def interval(key: str) -> Rule:
 _ALGO = "trainer.algorithm."
 _OPT = "trainer.policy.optimizer_config."
 _PLACE = "trainer.placement."
+_OPC = "trainer.algorithm.off_policy_correction."
 
 RULES: tuple[Rule, ...] = (
     one_of("trainer.kernels", choices.KERNELS),
@@ -92,6 +93,12 @@ RULES: tuple[Rule, ...] = (
     above(_ALGO + "clip_ratio_c", 1),
     within(_ALGO + "gamma", 0, 1),
     within(_ALGO + "lambd", 0, 1),
+    optional(one_of(_OPC + "tis_ratio_type", choices.TIS_RATIO_TYPES)),
+    optional(one_of(_OPC + "sequence_mask_metric", choices.SEQUENCE_MASK_METRICS)),
+    *(above(_OPC + name, 0) for name in ("token_tis_ratio_clip_high", "sequence_tis_ratio_clip_high",
+                                         "geo_mask_high", "geo_mask_low", "product_mask_high", "product_mask_low")),
+    *(optional(above(_OPC + f"{kind}_is_threshold_{side}", 0)) for kind in ("outlier_token", "token_mask")
+      for side in ("low", "high")),
     one_of("generator.backend", choices.GENERATOR_BACKENDS),
     *(
         at_least(f"generator.{name}", 1)

@@ -10,6 +10,8 @@ from __future__ import annotations
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce++", "gae")
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
 POLICY_LOSSES = ("regular", "dual_clip", "gspo", "cispo")
+TIS_RATIO_TYPES = ("token", "sequence")
+SEQUENCE_MASK_METRICS = ("geometric", "product")
 LOSS_REDUCTIONS = ("token_mean", "sequence_mean", "seq_mean_token_sum_norm")
 GENERATOR_BACKENDS = ("hf", "vllm")
 KERNELS = ("auto", "torch", "triton", "cuda")

@@ -97,6 +97,52 @@ class PlacementConfig:
 
 
 @dataclass(kw_only=True)
+class OffPolicyCorrectionConfig:
+    """Corrections for the gap between the rollout engine's logprobs and the trainer's (SkyRL's keys; all off by
+    default). r = pi_old / pi_rollout per loss token; rejected tokens leave the loss, and TIS weights scale the
+    policy-gradient term (not KL or entropy). Any correction on makes the trainer compute old logprobs in a pass
+    of their own, also with one optimizer step per batch. See rl/core/algorithms/off_policy.py."""
+
+    tis_ratio_type: str | None
+    """Truncated importance sampling: `token` (weight min(r, token_tis_ratio_clip_high)), `sequence` (weight
+    min(prod r, sequence_tis_ratio_clip_high) for the whole sequence) or null (off)."""
+
+    token_tis_ratio_clip_high: float
+    """Cap of the token-level TIS weight, > 0."""
+
+    sequence_tis_ratio_clip_high: float
+    """Cap of the sequence-level TIS weight, > 0."""
+
+    sequence_mask_metric: str | None
+    """Reject whole sequences: `geometric` (geometric-mean r outside [geo_mask_low, geo_mask_high]), `product`
+    (prod r outside [product_mask_low, product_mask_high]) or null (off)."""
+
+    geo_mask_high: float
+    """Upper bound of the geometric-mean ratio (`geometric`)."""
+
+    geo_mask_low: float
+    """Lower bound of the geometric-mean ratio (`geometric`)."""
+
+    product_mask_high: float
+    """Upper bound of the product of ratios (`product`)."""
+
+    product_mask_low: float
+    """Lower bound of the product of ratios (`product`)."""
+
+    outlier_token_is_threshold_low: float | None
+    """Reject sequences with any token's r below this; null turns it off."""
+
+    outlier_token_is_threshold_high: float | None
+    """Reject sequences with any token's r above this; null turns it off."""
+
+    token_mask_is_threshold_low: float | None
+    """With token_mask_is_threshold_high: reject single tokens whose r is below this."""
+
+    token_mask_is_threshold_high: float | None
+    """With token_mask_is_threshold_low: reject single tokens whose r is above this."""
+
+
+@dataclass(kw_only=True)
 class AlgorithmConfig:
     """Advantage estimation and the loss."""
 
@@ -142,6 +188,9 @@ class AlgorithmConfig:
 
     lambd: float
     """GAE lambda in [0, 1]."""
+
+    off_policy_correction: OffPolicyCorrectionConfig
+    """Trainer-vs-rollout mismatch corrections (the mismatch itself is logged every step)."""
 
 
 @dataclass(kw_only=True)

@@ -37,6 +37,7 @@ CHECKS: tuple[Callable[[Config, Problems], None], ...] = (
     checks_combos.check_token_budget,
     checks_combos.check_group_advantages,
     checks_combos.check_colocation,
+    checks_combos.check_off_policy_bounds,
     checks_backends.check_strategy,
     checks_support.check_unsupported,
 )

@@ -5,6 +5,7 @@ import pytest
 
 import rl.backends.registry  # noqa: F401  (registers the training strategies the config names)
 from rl.core.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_REDUCTIONS, POLICY_LOSSES, LossSettings
+from rl.core.algorithms.off_policy import SEQUENCE_MASKS, TIS_RATIOS
 from rl.core.config import choices, load_config
 
 
@@ -15,6 +16,8 @@ from rl.core.config import choices, load_config
         (KL_ESTIMATORS, choices.KL_ESTIMATORS),
         (POLICY_LOSSES, choices.POLICY_LOSSES),
         (LOSS_REDUCTIONS, choices.LOSS_REDUCTIONS),
+        (TIS_RATIOS, choices.TIS_RATIO_TYPES),
+        (SEQUENCE_MASKS, choices.SEQUENCE_MASK_METRICS),
     ],
 )
 def test_registry_matches_config_choices(registry, names):

@@ -1,0 +1,78 @@
+"""The trainer-vs-rollout gap and the off-policy corrections on the training path: `measure_and_correct` on a
+hand-built rollout batch, and a launcher run (Ray workers, the HF engine) where a correction is on, so the old
+logprobs get their own pass, the gap is logged, and a token mask that rejects every token leaves nothing to learn
+from (zero gradient)."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rl.trainer.experience import Experience
+from rl.trainer.metrics import read_metrics
+from rl.trainer.rollout_mismatch import measure_and_correct, skips_old_logprob_pass
+from tests.testing.tiny_job import make_tiny_job, run_train
+
+OFF = dict(tis_ratio_type=None, token_tis_ratio_clip_high=2.0, sequence_tis_ratio_clip_high=5.0,
+           sequence_mask_metric=None, geo_mask_high=1.01, geo_mask_low=0.99, product_mask_high=2.0,
+           product_mask_low=0.5, outlier_token_is_threshold_low=None, outlier_token_is_threshold_high=None,
+           token_mask_is_threshold_low=None, token_mask_is_threshold_high=None)
+
+
+def _experience() -> Experience:
+    def seq(old, rollout, adv):
+        n = len(old)
+        return {"input_ids": torch.arange(n), "loss_mask": torch.tensor([False] + [True] * (n - 1)),
+                "advantages": torch.tensor([0.0] + [adv] * (n - 1)), "old_logprobs": torch.tensor(old),
+                "rollout_logprobs": torch.tensor(rollout)}
+
+    return Experience(sequences=[seq([0.0, -1.0, -2.0], [0.0, -2.0, -2.0], 1.0),  # log ratios 1, 0
+                                 seq([0.0, -1.0], [0.0, -0.5], -2.0)],  # log ratio -0.5
+                      rewards=torch.zeros(2), response_lengths=torch.tensor([2, 1]))
+
+
+def test_measure_and_correct_scales_advantages_and_masks_tokens():
+    experience = _experience()
+    metrics = measure_and_correct(experience, SimpleNamespace(**{**OFF, "tis_ratio_type": "token"}))
+    assert metrics["rollout_logprob_abs_diff_max"] == pytest.approx(1.0)
+    assert metrics["rollout_logprob_abs_diff_mean"] == pytest.approx(1.5 / 3)
+    first, second = experience.sequences
+    torch.testing.assert_close(first["advantages"], torch.tensor([0.0, 2.0, 1.0]))  # min(e, 2) * 1, 1 * 1
+    torch.testing.assert_close(second["advantages"], torch.tensor([0.0, -2.0 * math.exp(-0.5)]))
+
+    experience = _experience()
+    measure_and_correct(experience, SimpleNamespace(**{**OFF, "outlier_token_is_threshold_high": 2.0}))
+    assert experience.sequences[0]["loss_mask"].tolist() == [False, False, False]  # e^1 > 2: whole sequence out
+    assert experience.sequences[1]["loss_mask"].tolist() == [False, True]
+
+    experience = _experience()
+    assert "tis_token_clip_high_ratio" not in measure_and_correct(experience, SimpleNamespace(**OFF))
+    assert experience.sequences[0]["advantages"].tolist() == [0.0, 1.0, 1.0]  # measured, not corrected
+
+
+def test_the_on_policy_shortcut_only_without_a_correction():
+    def cfg(**correction):
+        return SimpleNamespace(generator=SimpleNamespace(backend="hf"),
+                               trainer=SimpleNamespace(algorithm=SimpleNamespace(
+                                   off_policy_correction=SimpleNamespace(**{**OFF, **correction}))))
+
+    assert skips_old_logprob_pass(cfg(), on_policy=True)
+    assert not skips_old_logprob_pass(cfg(), on_policy=False)
+    assert not skips_old_logprob_pass(cfg(tis_ratio_type="token"), on_policy=True)
+
+
+def test_a_run_logs_the_gap_and_a_rejecting_mask_stops_learning(tmp_path):
+    job = make_tiny_job(str(tmp_path / "job"))
+    run_dir = str(tmp_path / "run")
+    key = "trainer.algorithm.off_policy_correction."
+    result = run_train(run_dir, [*job.overrides(steps=1), "data.reward_fn=gsm8k_flexible",
+                                 "trainer.algorithm.use_kl_loss=false",
+                                 key + "token_mask_is_threshold_low=1.5", key + "token_mask_is_threshold_high=2.0"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    row = next(r for r in read_metrics(f"{run_dir}/metrics.jsonl") if r["step"] == 1)
+    # the HF engine samples with the trainer's numerics: ratios ~1, all below 1.5, so every token is rejected
+    assert row["rollout_logprob_abs_diff_max"] < 1e-3
+    assert row["rollout_is_ess"] == pytest.approx(1.0, abs=1e-4)
+    assert row["token_mask_masked_ratio"] == 1.0
+    assert row["grad_norm"] == 0.0 and row["pg_loss"] == 0.0
