@@ -8,6 +8,7 @@ the optimizer and its schedule — lives here, so a strategy module only says ho
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,7 @@ from torch import Tensor, nn
 from rl.backends.dist import DistInfo
 from rl.backends.hf_forward import batch_logprobs
 from rl.backends.hidden_loss import hidden_logprobs, hidden_policy_loss
+from rl.backends.weight_sync import Bucket, bucketed
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
 from rl.core.packing import PackedBatch
 
@@ -79,6 +81,12 @@ class TrainingBackend(abc.ABC):
     @abc.abstractmethod
     def full_state_dict(self) -> dict[str, Tensor]:
         """Full weights in Hugging Face naming on CPU, on rank 0 (other ranks: empty). Collective."""
+
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """The weights for the generation engines, in buckets (`weight_sync`); collective. This default gathers
+        the full state first (rank 0 holds the whole model at once); backends that can gather a parameter at a
+        time override it."""
+        yield from bucketed(self.full_state_dict().items(), bucket_bytes)
 
     def offload(self) -> None:
         """Moves weights and optimizer state to CPU memory between phases (nothing to do when training on CPU)."""

@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from rl.backends.base import TrainingBackend
 from rl.backends.dcp_checkpoint import DCPCheckpointMixin
 from rl.backends.fsdp_config import FSDPConfig, offloads
 from rl.backends.hf_model import load_causal_lm
 from rl.backends.mesh import decoder_layers, device_mesh
+from rl.backends.weight_sync import Bucket, bucketed
 
 
 class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
@@ -41,3 +45,19 @@ class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
     def full_state_dict(self) -> dict[str, Tensor]:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
+
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """One parameter gathered at a time (`DTensor.full_tensor`, collective), kept on rank 0 until its bucket
+        is full: no rank holds more than a bucket of full tensors."""
+        def gathered():
+            for name, value in self.model.state_dict().items():
+                full = value.full_tensor() if isinstance(value, DTensor) else value
+                if self.dist.is_main:
+                    yield name, full.detach().to("cpu", copy=True)
+                del full
+
+        if self.dist.is_main:
+            yield from bucketed(gathered(), bucket_bytes)
+        else:
+            for _ in gathered():  # the other ranks take part in each gather and keep nothing
+                pass

@@ -62,6 +62,20 @@ class TrainingWorker:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self.policy.full_state_dict()
 
+    def push_weights(self, engines: list, bucket_bytes: int) -> dict[str, float]:
+        """The policy's weights to every engine actor, one bucket at a time from rank 0 (collective: the other
+        ranks take part in gathering each bucket). Returns what was sent (zeros on the other ranks)."""
+        import ray
+
+        from rl.backends.weight_sync import bucket_bytes as size_of
+
+        sent = buckets = 0
+        for bucket in self.policy.weight_buckets(bucket_bytes):
+            if self.rank == 0 and bucket:
+                ray.get([engine.update_weights.remote(bucket) for engine in engines])
+                sent, buckets = sent + size_of(bucket), buckets + 1
+        return {"sync_bytes": float(sent), "sync_buckets": float(buckets)}
+
     def export_hf(self, model_path: str, output_dir: str) -> None:
         from rl.backends.hf_model import save_hf_checkpoint
 

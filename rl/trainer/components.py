@@ -10,6 +10,7 @@ from rl.backends.base import ModelSpec
 from rl.backends.registry import STRATEGIES
 from rl.core.data import PromptRecord, load_prompt_dataset
 from rl.core.generation import SamplingParams, build_engine
+from rl.trainer.engines import RemoteEngines
 from rl.trainer.worker_group import WorkerGroup
 
 
@@ -38,10 +39,19 @@ def load_datasets(cfg, train_paths: list[str], val_paths: list[str]):
 
 
 def make_engine(cfg, model_path: str, tokenizer):
-    """The generation engine in the driver process: on the first GPU when there is one (colocated with the training
-    workers: the trainer offloads it to host memory while they work), else on the CPU."""
+    """`hf`: the engine in the driver process, on the first GPU when there is one (colocated with the training
+    workers: the trainer offloads it to host memory while they work), else on the CPU. `vllm`: engine actors
+    (`engines.RemoteEngines`) built with the `generator.*` engine keys."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    return build_engine(cfg.generator.backend, model_path, tokenizer, device=device)
+    gen = cfg.generator
+    if gen.backend == "hf":
+        return build_engine("hf", model_path, tokenizer, device=device)
+    kwargs = dict(device=device, tensor_parallel_size=gen.inference_engine_tensor_parallel_size,
+                  gpu_memory_utilization=gen.gpu_memory_utilization, enable_prefix_caching=gen.enable_prefix_caching,
+                  max_num_batched_tokens=gen.max_num_batched_tokens, max_num_seqs=gen.max_num_seqs,
+                  max_model_len=gen.max_prompt_length + gen.max_generate_length, seed=cfg.trainer.seed)
+    env = {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+    return RemoteEngines(gen.backend, model_path, gen.num_inference_engines, kwargs, env)
 
 
 def model_specs(cfg, model_path: str) -> tuple[ModelSpec, ModelSpec | None]:

@@ -20,6 +20,7 @@ from rl.trainer.metrics import MetricsLogger
 from rl.trainer.policy_update import compute_logprobs, is_on_policy, micro_batching, update_policy
 from rl.trainer.rollout_mismatch import measure_and_correct, skips_old_logprob_pass
 from rl.trainer.sources import resolve_sources
+from rl.trainer.weight_sync import make_weight_sync
 
 
 class Trainer:
@@ -37,6 +38,7 @@ class Trainer:
         print(f"generation: {cfg.generator.backend} engine on {self.engine.device}", flush=True)
         self.world = policy_world_size(cfg)
         self.group = components.make_worker_group(cfg, self.model_path, self.world)
+        self.weight_sync = make_weight_sync(cfg, self.group, self.engine)
         pad = self.tokenizer.pad_token_id or 0
         self.forward_batching = micro_batching(cfg, self.group.dp_size, pad, train=False)
         self.train_batching = micro_batching(cfg, self.group.dp_size, pad, train=True)
@@ -97,7 +99,7 @@ class Trainer:
         row = update_policy(self.group, self.train_batching, self.settings, experience, mini)
         row.update(mismatch)
         updated = time.perf_counter()
-        self.sync_weights()
+        row.update(self.sync_weights())
         finished = time.perf_counter()
         elapsed = finished - started
         tokens = sum(len(seq["input_ids"]) for seq in experience.sequences)
@@ -116,9 +118,8 @@ class Trainer:
         finally:
             self.engine.offload()
 
-    def sync_weights(self) -> None:
-        state = self.group.call("full_state_dict")[0]
-        self.engine.update_weights(state.items())
+    def sync_weights(self) -> dict[str, float]:
+        return self.weight_sync.sync()
 
     @torch.no_grad()
     def evaluate(self, step: int) -> float:

@@ -17,5 +17,5 @@ report="$(mktemp)"
 trap 'rm -f "$report"' EXIT
 python3 -m pip install --dry-run --ignore-installed --quiet --report "$report" -r "$here/requirements_$flavour.in" \
   2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
-python3 "$here/lock_from_report.py" "$report" "$lock"
+python3 "$here/lock_from_report.py" "$report" "$lock" "$here/requirements_$flavour.in"
 echo "wrote $lock ($(grep -vc '^#' "$lock") packages)"

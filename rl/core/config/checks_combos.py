@@ -94,3 +94,18 @@ def check_off_policy_bounds(cfg: Config, problems: Problems) -> None:
         unset = "token_mask_is_threshold_high" if high is None else "token_mask_is_threshold_low"
         problems.add(key + unset, "is null, but token masking needs both token_mask_is_threshold_low and "
                      "token_mask_is_threshold_high; set it, or set the other one to null")
+
+
+def check_engine_devices(cfg: Config, problems: Problems) -> None:
+    """vLLM engines are colocated with the policy's workers: engines * engine TP must divide their devices."""
+    gen = cfg.generator
+    if gen.backend != "vllm" or min(gen.num_inference_engines, gen.inference_engine_tensor_parallel_size) < 1:
+        return
+    from rl.core.config.parallel import policy_world_size
+
+    world, per_engine = policy_world_size(cfg), gen.inference_engine_tensor_parallel_size
+    if world >= 1 and (world % per_engine or gen.num_inference_engines * per_engine > world):
+        problems.add("generator.inference_engine_tensor_parallel_size",
+                     f"generator.num_inference_engines {gen.num_inference_engines} * inference_engine_tensor_parallel"
+                     f"_size {per_engine} must fit, and the engine TP divide, the policy's {world} devices "
+                     "(trainer.placement.policy_num_nodes * policy_num_gpus_per_node), which the engines share")

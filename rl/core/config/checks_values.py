@@ -100,6 +100,10 @@ RULES: tuple[Rule, ...] = (
     *(optional(above(_OPC + f"{kind}_is_threshold_{side}", 0)) for kind in ("outlier_token", "token_mask")
       for side in ("low", "high")),
     one_of("generator.backend", choices.GENERATOR_BACKENDS),
+    *(at_least(f"generator.{name}", 1) for name in ("num_inference_engines", "inference_engine_tensor_parallel_size",
+                                                     "max_num_batched_tokens", "max_num_seqs",
+                                                     "weight_sync_bucket_mb")),
+    within("generator.gpu_memory_utilization", 0, 1, low_open=True),
     *(
         at_least(f"generator.{name}", 1)
         for name in ("n_samples_per_prompt", "max_generate_length", "max_prompt_length", "eval_n_samples_per_prompt")

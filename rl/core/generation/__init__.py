@@ -9,6 +9,7 @@ from rl.core.generation.engine import (
     build_engine,
 )
 from rl.core.generation.hf_engine import HFGenerationEngine
+from rl.core.generation.vllm_engine import VLLMGenerationEngine  # imports vllm only when an engine is built
 
 __all__ = [
     "GENERATION_ENGINES",
@@ -17,5 +18,6 @@ __all__ = [
     "HFGenerationEngine",
     "Rollout",
     "SamplingParams",
+    "VLLMGenerationEngine",
     "build_engine",
 ]

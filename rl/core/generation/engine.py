@@ -82,7 +82,8 @@ class Rollout:
             (temperature 0) the sampling distribution is taken to be the untempered one, so this equals
             `raw_logprobs`.
         raw_logprobs: per response token, log_softmax of the untempered, unmasked logits (temperature 1), i.e. what a
-            teacher-forced forward pass of the same weights gives.
+            teacher-forced forward pass of the same weights gives; None from an engine that reports one kind only
+            (vllm reports `rollout_logprobs`).
         finish_reason: "stop" when a stop token ended the response, "length" when `max_new_tokens` did.
         response_text: `response_ids` decoded with special tokens skipped.
     """
@@ -92,7 +93,7 @@ class Rollout:
     prompt_ids: list[int]
     response_ids: list[int]
     rollout_logprobs: list[float]
-    raw_logprobs: list[float]
+    raw_logprobs: list[float] | None
     finish_reason: FinishReason
     response_text: str = ""
 

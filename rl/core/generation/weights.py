@@ -62,3 +62,39 @@ def copy_named_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str
     if problems:
         raise ValueError("; ".join(problems))
     return copied
+
+
+def check_named_shapes(known: dict[str, tuple[int, ...]], named_shapes: Iterable[tuple[str, tuple[int, ...]]]) -> None:
+    """ValueError naming every name `known` lacks (with a did-you-mean) and every shape that differs from its
+    entry; for engines whose model does not hold Hugging Face names itself (vLLM fuses projections)."""
+    unknown, problems = [], []
+    for name, shape in named_shapes:
+        if name not in known:
+            unknown.append(name)
+        elif tuple(known[name]) != tuple(shape):
+            problems.append(f"'{name}' has shape {tuple(shape)}, the model's is {tuple(known[name])}")
+    if unknown:
+        problems.insert(0, _unknown_message(unknown, known))
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def checkpoint_shapes(directory: str) -> dict[str, tuple[int, ...]]:
+    """Every tensor name and shape of a Hugging Face safetensors checkpoint directory, with `lm_head.weight` for
+    tied embeddings (the trainer sends it; checkpoints may leave it out)."""
+    import glob
+    import json
+    import os
+
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118  (safe_open has no __iter__)
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+        tied = json.load(f).get("tie_word_embeddings", False)
+    if tied and "model.embed_tokens.weight" in shapes:
+        shapes.setdefault("lm_head.weight", shapes["model.embed_tokens.weight"])
+    return shapes

@@ -208,8 +208,23 @@ BAD = {
         "generator.n_samples_per_prompt",
         ("leave-one-out",),
     ),
+    "engine_tp_not_fitting": Bad(
+        ["generator.backend=vllm", "generator.inference_engine_tensor_parallel_size=2"],
+        "generator.inference_engine_tensor_parallel_size", ("must fit", "policy's 1 devices")),
+    "engine_memory_fraction": Bad(["generator.gpu_memory_utilization=1.5"], "generator.gpu_memory_utilization",
+                                  ("in (0, 1]",)),
+    "engine_count": Bad(["generator.num_inference_engines=0"], "generator.num_inference_engines", (">= 1",)),
+    "unknown_engine_key": Bad(["generator.num_inference_engine=2"], "generator.num_inference_engine",
+                              ("num_inference_engines",)),
+    "off_policy_token_mask_one_bound": Bad(
+        ["trainer.algorithm.off_policy_correction.token_mask_is_threshold_low=0.5"],
+        "trainer.algorithm.off_policy_correction.token_mask_is_threshold_high", ("needs both",)),
+    "off_policy_unknown_tis": Bad(["trainer.algorithm.off_policy_correction.tis_ratio_type=tokens"],
+                                  "trainer.algorithm.off_policy_correction.tis_ratio_type", ("token, sequence",)),
+    "off_policy_bounds_reversed": Bad(
+        ["trainer.algorithm.off_policy_correction.geo_mask_low=1.2"],
+        "trainer.algorithm.off_policy_correction.geo_mask_low", ("must be below",)),
     # known keys whose feature this version does not run yet
-    "vllm_engine": Bad(["generator.backend=vllm"], "generator.backend", ("no vLLM engine", "generator.backend=hf")),
     "gae_without_critic": Bad(
         ["trainer.algorithm.advantage_estimator=gae"], "trainer.algorithm.advantage_estimator", ("critic", "grpo")
     ),

