@@ -8,12 +8,14 @@ and the optimizer step happens at the accumulation boundary the trainer marks.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 from torch import Tensor
 
 from rl.backends.base import TrainingBackend
 from rl.backends.deepspeed_config import merged_section
 from rl.backends.hf_model import load_causal_lm
+from rl.backends.weight_sync import Bucket
 
 CHECKPOINT_TAG = "state"
 
@@ -79,6 +81,31 @@ class DeepSpeedBackend(TrainingBackend):
             if not self.dist.is_main:
                 return {}
             return {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()}
+
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """Parameters in groups of about `bucket_bytes` (full size); under ZeRO-3 each group is gathered on its own
+        (`GatheredParameters`, collective) and released before the next, so no rank holds the whole model. Tied
+        weights come once, under their first name."""
+        import deepspeed
+
+        def full_bytes(param) -> int:
+            return getattr(param, "ds_numel", param.numel()) * param.element_size()
+
+        def gathered(group):
+            context = (deepspeed.zero.GatheredParameters([p for _, p in group], modifier_rank=None)
+                       if self.zero_stage == 3 else contextlib.nullcontext())
+            with context:
+                return [(n, p.detach().to("cpu", copy=True)) for n, p in group] if self.dist.is_main else []
+
+        group, size = [], 0
+        for name, param in self.model.named_parameters():
+            group.append((name, param))
+            size += full_bytes(param)
+            if size >= bucket_bytes:
+                yield gathered(group)
+                group, size = [], 0
+        if group:
+            yield gathered(group)
 
     def offload(self) -> None:
         if self.dist.device.type == "cuda" and self.zero_stage == 3:

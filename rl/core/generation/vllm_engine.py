@@ -110,7 +110,13 @@ class VLLMGenerationEngine(GenerationEngine):
         worker, removed."""
         from safetensors.torch import save_file
 
-        bucket = {name: tensor.detach().to("cpu").contiguous() for name, tensor in named_tensors}
+        bucket, seen = {}, set()
+        for name, tensor in named_tensors:
+            tensor = tensor.detach().to("cpu").contiguous()
+            if tensor.data_ptr() in seen:  # a tied alias (lm_head = embedding): safetensors stores no shared memory
+                tensor = tensor.clone()
+            seen.add(tensor.data_ptr())
+            bucket[name] = tensor
         check_named_shapes(self.weight_shapes, ((name, tuple(t.shape)) for name, t in bucket.items()))
         if not bucket:
             return

@@ -18,13 +18,17 @@ def _save(model, path) -> str:
     return str(path)
 
 
+def _qwen(directory, hidden: int, layers: int) -> str:
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=hidden * 3 // 2,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         tie_word_embeddings=True, pad_token_id=0, max_position_embeddings=64)
+    return _save(Qwen2ForCausalLM(config), directory)
+
+
 @pytest.fixture(scope="module")
 def qwen_path(tmp_path_factory):
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=0,
-                         max_position_embeddings=64)
-    return _save(Qwen2ForCausalLM(config), tmp_path_factory.mktemp("qwen2"))
+    return _qwen(tmp_path_factory.mktemp("qwen2"), hidden=64, layers=2)
 
 
 @pytest.fixture(scope="module")
@@ -140,11 +144,7 @@ def test_expert_parallel_moe_matches_single_rank_and_fsdp2(mixtral_path):
 @pytest.fixture(scope="module")
 def qwen4_path(tmp_path_factory):
     """Four layers: PP=2 x VP=2 gives each model chunk one."""
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=0,
-                         max_position_embeddings=64)
-    return _save(Qwen2ForCausalLM(config), tmp_path_factory.mktemp("qwen2-4"))
+    return _qwen(tmp_path_factory.mktemp("qwen2-4"), hidden=32, layers=4)
 
 
 INTERLEAVED = {

@@ -86,8 +86,9 @@ def test_updated_weights_are_the_ones_sampled_from(engine, job, prompts):
     with torch.no_grad():
         for param in model.parameters():
             param.add_(torch.randn(param.shape, generator=g) * 0.05)
-    state = list(model.state_dict().items())
-    engine.update_weights(state[: len(state) // 2])
-    engine.update_weights(state[len(state) // 2:])
+    tied = {"model.embed_tokens.weight", "lm_head.weight"}
+    engine.update_weights([(n, t) for n, t in model.state_dict().items() if n not in tied])
+    embedding = model.model.embed_tokens.weight  # the tied pair, one tensor under both names (as megatron sends it)
+    engine.update_weights([("model.embed_tokens.weight", embedding), ("lm_head.weight", embedding)])
     rollouts = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=10, seed=4))
     assert_logprobs_match(model, rollouts, 1.0)

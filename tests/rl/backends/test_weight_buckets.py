@@ -1,0 +1,77 @@
+"""`TrainingBackend.weight_buckets`, what the generation engines are fed after each step, against the backend's own
+`full_state_dict` (the oracle): the same tensors under the same Hugging Face names, split into buckets of about the
+asked size, on rank 0 only, for every strategy on 2 gloo workers (fsdp2 and DeepSpeed ZeRO-3 gather one piece at a
+time; the others cut their full state). Tied weights may come once, under the embedding's name."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from tests.rl.backends.megatron.harness import free_port
+
+LAYOUTS = {
+    "fsdp2": ("fsdp2", None),
+    "fsdp": ("fsdp", None),
+    "deepspeed-zero2": ("deepspeed", None),
+    "deepspeed-zero3": ("deepspeed", {"train": {"zero_optimization": {"stage": 3}}}),
+    "megatron-tp2": ("megatron", {"tensor_model_parallel_size": 2}),
+}
+BUCKET_BYTES = 40_000  # a few parameters per bucket
+
+
+def _worker(rank: int, port: int, path: str, out: str) -> None:
+    from rl.backends.base import ModelSpec
+    from rl.backends.dist import init_distributed
+    from rl.backends.registry import build_backend
+
+    torch.set_num_threads(1)
+    info = init_distributed(rank, 2, "127.0.0.1", port)
+    results = {}
+    for name, (strategy, options) in LAYOUTS.items():
+        spec = ModelSpec(path=path, role="policy", temperature=1.0, backend_options=options)
+        backend = build_backend(strategy, spec, info)
+        buckets = list(backend.weight_buckets(BUCKET_BYTES))
+        full = backend.full_state_dict()
+        results[name] = {"buckets": buckets, "full": full}
+        if strategy == "megatron":
+            from megatron.core import parallel_state
+
+            parallel_state.destroy_model_parallel()
+        if rank != 0:
+            assert all(not bucket for bucket in buckets), "only rank 0 holds bucket contents"
+    if rank == 0:
+        torch.save(results, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=61, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                         max_position_embeddings=64)
+    path = str(tmp_path_factory.mktemp("model"))
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    out = os.path.join(path, "results.pt")
+    mp.spawn(_worker, args=(free_port(), path, out), nprocs=2)
+    return torch.load(out, weights_only=False)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_buckets_hold_the_full_state_in_pieces_of_the_asked_size(results, layout):
+    buckets, full = results[layout]["buckets"], results[layout]["full"]
+    assert len(buckets) > 2
+    sent = dict(item for bucket in buckets for item in bucket)
+    assert sum(len(bucket) for bucket in buckets) == len(sent), "no name twice"
+    assert set(full) - set(sent) <= {"lm_head.weight"}, "only a tied alias may be left out"
+    for name, tensor in sent.items():
+        assert torch.equal(tensor, full[name]), name
+        assert tensor.device.type == "cpu"
+    sizes = [sum(t.numel() * t.element_size() for _, t in bucket) for bucket in buckets]
+    biggest = max(t.numel() * t.element_size() for t in sent.values())
+    assert all(size < BUCKET_BYTES + biggest for size in sizes)
