@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -29,6 +30,7 @@ from rl.backends.megatron.cpu_compat import cpu_compat
 from rl.backends.megatron.fused import fused_policy_loss, output_layer_yields_hidden
 from rl.backends.megatron.logprobs import vocab_parallel_logprobs
 from rl.backends.megatron.parallel import current_layout, init_parallel_state
+from rl.backends.weight_sync import Bucket, bucketed
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
 from rl.core.packing import PackedBatch
 
@@ -259,6 +261,53 @@ class MegatronBackend(TrainingBackend):
                                  "(trainer.policy.megatron_config): resume with those sizes")
             with cpu_compat(self.dist.device):
                 self.optimizer.load_state_dict(states[0])
+
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """One decoder layer at a time: the ranks holding its TP/EP shards (data-parallel rank 0 of each) send
+        them to rank 0 (`gather_object`, collective), which merges them into HF tensors; then the embedding, the
+        final norm and the LM head. Rank 0 never holds more than a layer's shards and a bucket."""
+        named = self._hf_tensors()
+        if self.dist.is_main:
+            yield from bucketed(named, bucket_bytes)
+        else:
+            for _ in named:  # every rank takes part in each layer's gather
+                pass
+
+    def _hf_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        from rl.backends.megatron.convert import hf_edges, hf_layer
+
+        layout, cfg = self.layout, self.hf_config
+        per_chunk = layout.layers_per_stage(cfg.num_hidden_layers)
+        sends = ps.get_data_parallel_rank() == 0  # replicas hold the same shards
+        layers: dict[int, dict[str, Tensor]] = {}
+        edges: dict[str, dict[str, Tensor]] = {"first": {}, "last": {}}
+        for chunk, state in zip(layout.chunks(), ckpt.chunk_states(self.chunks), strict=True):
+            for key, tensor in state.items() if sends else ():
+                if key.startswith("decoder.layers."):
+                    local, rest = key[len("decoder.layers."):].split(".", 1)
+                    layers.setdefault(chunk.pp_rank * per_chunk + int(local), {})[f"decoder.layers.0.{rest}"] = tensor
+                else:
+                    edges["first" if key.startswith("embedding.") else "last"][key] = tensor
+        coords = (layout.tp_rank, layout.ep_rank)
+
+        def gathered(part: dict) -> dict[tuple[int, int], dict[str, Tensor]]:
+            everyone: list | None = [None] * dist.get_world_size() if self.dist.is_main else None
+            dist.gather_object((coords, part), everyone, dst=0)
+            merged: dict[tuple[int, int], dict[str, Tensor]] = {}
+            for where, piece in everyone or ():
+                merged.setdefault(where, {}).update(piece)
+            return merged
+
+        for index in range(cfg.num_hidden_layers):
+            shards = gathered(layers.pop(index, {}))
+            if self.dist.is_main:
+                yield from ((n, t.contiguous()) for n, t in hf_layer(shards, cfg, index, layout.tp, layout.ep).items())
+        first, last = gathered(edges["first"]), gathered(edges["last"])
+        if self.dist.is_main:
+            yield from ((n, t.contiguous()) for n, t in hf_edges(first, last, cfg, layout.tp).items())
 
     def full_state_dict(self) -> dict[str, Tensor]:
         from rl.backends.megatron.convert import megatron_to_hf

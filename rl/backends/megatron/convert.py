@@ -141,23 +141,38 @@ def megatron_to_hf(shards: dict[tuple[int, int, int], dict[str, Tensor]], cfg, t
                    ) -> dict[str, Tensor]:
     """Full HF state dict from every rank's local state dict, keyed by (tp_rank, pp_rank, ep_rank)."""
     per_stage = Layout(tp=tp, pp=pp, ep=ep).layers_per_stage(cfg.num_hidden_layers)
-    num_local = cfg.num_local_experts // ep if hasattr(cfg, "num_local_experts") else 1
     out: dict[str, Tensor] = {}
     for stage in range(pp):
         for local in range(per_stage):
-            def get(name, r, e, optional=False, _s=stage, _l=local):
-                sd = shards[(r, _s, e)]
-                key = f"decoder.layers.{_l}.{name}"
-                return sd.get(key) if optional else sd[key]
+            layer = {(r, e): sd for (r, s, e), sd in shards.items() if s == stage}
+            out.update(hf_layer(layer, cfg, stage * per_stage + local, tp, ep, local))
+    out.update(hf_edges({(r, e): shards[(r, 0, e)] for r in range(tp) for e in range(ep)},
+                        {(r, e): shards[(r, pp - 1, e)] for r in range(tp) for e in range(ep)}, cfg, tp))
+    return {name: t.contiguous() for name, t in out.items()}
 
-            for name, t in _merge_layer(get, cfg, tp, num_local, ep).items():
-                out[f"model.layers.{stage * per_stage + local}.{name}"] = t
+
+def hf_layer(shards: dict[tuple[int, int], dict[str, Tensor]], cfg, index: int, tp: int, ep: int, local: int = 0
+             ) -> dict[str, Tensor]:
+    """Decoder layer `index` in HF naming from the (tp_rank, ep_rank) shards that hold it as their local layer
+    `local` (`decoder.layers.{local}.*`)."""
+    num_local = cfg.num_local_experts // ep if hasattr(cfg, "num_local_experts") else 1
+
+    def get(name, r, e, optional=False):
+        sd, key = shards[(r, e)], f"decoder.layers.{local}.{name}"
+        return sd.get(key) if optional else sd[key]
+
+    return {f"model.layers.{index}.{name}": t for name, t in _merge_layer(get, cfg, tp, num_local, ep).items()}
+
+
+def hf_edges(first: dict[tuple[int, int], dict[str, Tensor]], last: dict[tuple[int, int], dict[str, Tensor]], cfg,
+             tp: int) -> dict[str, Tensor]:
+    """Embedding, final norm and LM head from the (tp_rank, ep_rank) shards of the first and the last stage."""
     vocab = cfg.vocab_size
-    out["model.embed_tokens.weight"] = torch.cat(
-        [shards[(r, 0, 0)]["embedding.word_embeddings.weight"] for r in range(tp)])[:vocab]
-    out["model.norm.weight"] = shards[(0, pp - 1, 0)]["decoder.final_layernorm.weight"]
+    out = {"model.embed_tokens.weight": torch.cat([first[(r, 0)]["embedding.word_embeddings.weight"]
+                                                   for r in range(tp)])[:vocab],
+           "model.norm.weight": last[(0, 0)]["decoder.final_layernorm.weight"]}
     if cfg.tie_word_embeddings:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
     else:
-        out["lm_head.weight"] = torch.cat([shards[(r, pp - 1, 0)]["output_layer.weight"] for r in range(tp)])[:vocab]
-    return {name: t.contiguous() for name, t in out.items()}
+        out["lm_head.weight"] = torch.cat([last[(r, 0)]["output_layer.weight"] for r in range(tp)])[:vocab]
+    return out

@@ -1,7 +1,8 @@
 """`TrainingBackend.weight_buckets`, what the generation engines are fed after each step, against the backend's own
 `full_state_dict` (the oracle): the same tensors under the same Hugging Face names, split into buckets of about the
-asked size, on rank 0 only, for every strategy on 2 gloo workers (fsdp2 and DeepSpeed ZeRO-3 gather one piece at a
-time; the others cut their full state). Tied weights may come once, under the embedding's name."""
+asked size, on rank 0 only, for every strategy on 2 gloo workers (fsdp2, DeepSpeed ZeRO-3 and megatron gather one
+piece at a time: a parameter, a group, a decoder layer; fsdp cuts its full state). Tied weights may come once, under
+the embedding's name."""
 
 import os
 
@@ -19,6 +20,8 @@ LAYOUTS = {
     "deepspeed-zero2": ("deepspeed", None),
     "deepspeed-zero3": ("deepspeed", {"train": {"zero_optimization": {"stage": 3}}}),
     "megatron-tp2": ("megatron", {"tensor_model_parallel_size": 2}),
+    "megatron-pp2": ("megatron", {"pipeline_model_parallel_size": 2}),
+    "megatron-dp2": ("megatron", None),
 }
 BUCKET_BYTES = 40_000  # a few parameters per bucket
 
