@@ -84,8 +84,8 @@ class TrainingBackend(abc.ABC):
 
     def weight_buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
         """The weights for the generation engines, in buckets (`weight_sync`); collective. This default gathers
-        the full state first (rank 0 holds the whole model at once); backends that can gather a parameter at a
-        time override it."""
+        the full state first (rank 0 holds the whole model at once); every built-in strategy overrides it to
+        gather a piece at a time."""
         yield from bucketed(self.full_state_dict().items(), bucket_bytes)
 
     def offload(self) -> None:

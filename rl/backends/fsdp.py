@@ -8,6 +8,7 @@ outside `no_sync` with offloaded parameters, and the config check rejects it for
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -21,6 +22,7 @@ from rl.backends.dcp_checkpoint import DCPCheckpointMixin
 from rl.backends.fsdp_config import FSDPConfig, offloads
 from rl.backends.hf_model import load_causal_lm
 from rl.backends.mesh import decoder_layers, device_mesh
+from rl.backends.weight_sync import Bucket, bucketed
 
 
 def sharding_strategy(reshard_after_forward: bool, hybrid: bool) -> ShardingStrategy:
@@ -57,6 +59,32 @@ class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
 
     def clip_grad_norm(self) -> float:
         return float(self.model.clip_grad_norm_(self.spec.max_grad_norm))
+
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """One FSDP unit (a decoder layer, then the root's own parameters) gathered at a time
+        (`summon_full_params(recurse=False)`, collective), its parameters copied on rank 0 until a bucket is full.
+        Tied weights come once, under their first name."""
+        if self.dist.is_main:
+            yield from bucketed(self._unit_tensors(), bucket_bytes)
+        else:
+            for _ in self._unit_tensors():  # every rank takes part in each unit's gather
+                pass
+
+    def _unit_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        wrapper = "_fsdp_wrapped_module."
+        clean = lambda name: name.replace(wrapper, "")  # noqa: E731
+        units = {clean(name): unit for name, unit in self.model.named_modules() if isinstance(unit, FSDP)}
+        seen: set[int] = set()
+        for prefix, unit in units.items():
+            nested = [other + "." for other in units if other != prefix and other.startswith(prefix)]
+            with FSDP.summon_full_params(unit, recurse=False, writeback=False):
+                for name, param in unit.named_parameters():
+                    full = (prefix + "." if prefix else "") + clean(name)
+                    if any(full.startswith(inner) for inner in nested) or id(param) in seen:
+                        continue  # a nested unit's (still sharded) parameter, or a tied alias
+                    seen.add(id(param))
+                    if self.dist.is_main:
+                        yield full, param.detach().to("cpu", copy=True)
 
     def full_state_dict(self) -> dict[str, Tensor]:
         # Offloading the gathered state to CPU segfaults FSDP1 on CPU-only hosts; there it is on the CPU already.

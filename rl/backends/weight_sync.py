@@ -1,9 +1,10 @@
 """The policy's weights in buckets of Hugging Face-named tensors, for the generation engines after each step.
 
 `TrainingBackend.weight_buckets(bucket_bytes)` yields lists of (name, full CPU tensor) of about `bucket_bytes` each on
-rank 0 (and empty lists, in step, on the other ranks: producing a bucket is collective). `bucketed` cuts any stream of
-named tensors into such lists; a backend that can gather one parameter at a time (fsdp2) streams, so no rank ever
-holds more than one bucket of full tensors beyond its shard.
+rank 0 (the other ranks take part in each gather and keep nothing). `bucketed` cuts any stream of named tensors into
+such lists. Every built-in strategy streams, gathering one piece at a time (fsdp2 a parameter, fsdp a unit,
+DeepSpeed ZeRO-3 a group of parameters, megatron a decoder layer), so no rank holds more than a bucket of full
+tensors beyond its own shard.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """`TrainingBackend.weight_buckets`, what the generation engines are fed after each step, against the backend's own
 `full_state_dict` (the oracle): the same tensors under the same Hugging Face names, split into buckets of about the
-asked size, on rank 0 only, for every strategy on 2 gloo workers (fsdp2, DeepSpeed ZeRO-3 and megatron gather one
-piece at a time: a parameter, a group, a decoder layer; fsdp cuts its full state). Tied weights may come once, under
-the embedding's name."""
+asked size, on rank 0 only, for every strategy on 2 gloo workers (each gathers one piece at a time: fsdp2 a
+parameter, fsdp a unit, DeepSpeed ZeRO-3 a group of parameters, megatron a decoder layer). Tied weights may come
+once, under the embedding's name."""
 
 import os
 
@@ -17,6 +17,7 @@ from tests.rl.backends.megatron.harness import free_port
 LAYOUTS = {
     "fsdp2": ("fsdp2", None),
     "fsdp": ("fsdp", None),
+    "fsdp-shard-grad-op": ("fsdp", {"reshard_after_forward": False}),
     "deepspeed-zero2": ("deepspeed", None),
     "deepspeed-zero3": ("deepspeed", {"train": {"zero_optimization": {"stage": 3}}}),
     "megatron-tp2": ("megatron", {"tensor_model_parallel_size": 2}),
