@@ -39,10 +39,40 @@ def _looks_local(path: str) -> bool:
             or (os.path.isdir(path.split("/")[0]) and "/" in path))
 
 
+def _hub_problems(name: str) -> list[str]:
+    """A hub name must be in the local Hugging Face cache, or the hub must answer (a HEAD request, 5 s at most):
+    otherwise the first model load, after Ray and the workers started, would fail on the network."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return []
+    key, cache = "trainer.policy.model.path", constants.HF_HUB_CACHE
+    fix = (f"download it where the hub is reachable and point {key} at the directory, or set HF_HOME to a cache "
+           "that holds it")
+    if constants.HF_HUB_OFFLINE:
+        return [f"{key}: {name} is a hub name that is not in the local cache ({cache}) and HF_HUB_OFFLINE is set; "
+                f"{fix}"]
+    import urllib.error
+    import urllib.request
+
+    endpoint = constants.ENDPOINT
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=5)
+    except urllib.error.HTTPError:
+        return []  # the hub answered
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        return [f"{key}: {name} is a hub name that is not in the local cache ({cache}), and {endpoint} cannot be "
+                f"reached ({reason}); {fix}"]
+    return []
+
+
 def _model_problems(cfg) -> list[str]:
     path = cfg.trainer.policy.model.path
-    if path == EMBEDDED or not _looks_local(path):
-        return []  # a hub name: transformers resolves it (HF_HUB_OFFLINE=1 and a local cache work offline)
+    if path == EMBEDDED:
+        return []
+    if not _looks_local(path):
+        return _hub_problems(path)
     local = os.path.expanduser(path)
     if not os.path.isdir(local):
         return [f"trainer.policy.model.path: {path} is not a directory; point it at a local Hugging Face model "

@@ -63,6 +63,20 @@ def test_refused_before_anything_starts(case, data, tmp_path, capsys, monkeypatc
     assert "Traceback" not in message
 
 
+@pytest.mark.parametrize("offline", [True, False], ids=["offline", "unreachable"])
+def test_hub_name_not_cached_without_a_hub_is_refused(offline, tmp_path, capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    message = _launch(str(tmp_path / "run"), ["trainer.policy.model.path=no-such-org/no-such-model"], capsys)
+    name = "no-such-org/no-such-model"
+    assert f"trainer.policy.model.path: {name} is a hub name that is not in the local cache" in message
+    assert ("HF_HUB_OFFLINE is set" if offline else "http://127.0.0.1:9 cannot be reached") in message
+    assert "point trainer.policy.model.path at the directory" in message
+
+
 def test_run_dir_that_is_a_file_is_refused(tmp_path, capsys):
     from absl import flags
 
