@@ -1,8 +1,11 @@
-"""Checkpoint directories that are complete or ignored: written under a `.partial` name, the marker file written
-last inside, then renamed. `latest` only ever returns a directory that has the marker."""
+"""Checkpoint directories that are complete and intact, or ignored: written under a `.partial` name, a manifest of
+every file (size and sha256) and then the marker file written last inside, then renamed. `verify` checks a
+directory against its manifest; `latest` returns the newest checkpoint that verifies, saying which newer ones it
+passed over and why."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -10,6 +13,7 @@ import shutil
 
 MARKER = "COMPLETE"
 TRAINER_STATE = "trainer_state.json"
+MANIFEST = "MANIFEST.json"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
@@ -26,11 +30,62 @@ def staging_dir(root: str, step: int) -> str:
     return path
 
 
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _files(directory: str) -> list[str]:
+    """Every file below `directory`, relative, except the manifest and the marker."""
+    found = []
+    for parent, _, names in os.walk(directory):
+        for name in names:
+            relative = os.path.relpath(os.path.join(parent, name), directory)
+            if relative not in (MANIFEST, MARKER):
+                found.append(relative)
+    return sorted(found)
+
+
+def write_manifest(directory: str) -> None:
+    manifest = {rel: {"bytes": os.path.getsize(os.path.join(directory, rel)),
+                      "sha256": _sha256(os.path.join(directory, rel))} for rel in _files(directory)}
+    with open(os.path.join(directory, MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+
+
+def verify(path: str) -> list[str]:
+    """What is wrong with checkpoint `path` against its manifest: missing, resized or changed files (by sha256),
+    files it does not list. Empty when intact. A checkpoint written before manifests existed has none to check."""
+    manifest_path = os.path.join(path, MANIFEST)
+    if not os.path.isfile(manifest_path):
+        return []
+    try:
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as error:
+        return [f"{MANIFEST} is unreadable ({error})"]
+    problems = []
+    for rel, entry in sorted(manifest.items()):
+        full = os.path.join(path, rel)
+        if not os.path.isfile(full):
+            problems.append(f"{rel} is missing")
+        elif os.path.getsize(full) != entry["bytes"]:
+            problems.append(f"{rel} has {os.path.getsize(full)} bytes, {entry['bytes']} were written")
+        elif _sha256(full) != entry["sha256"]:
+            problems.append(f"{rel} does not match its checksum (changed since it was written)")
+    problems += [f"{rel} was not part of the checkpoint" for rel in _files(path) if rel not in manifest]
+    return problems
+
+
 def commit(root: str, step: int, trainer_state: dict) -> str:
-    """Writes the trainer state and the marker into the staging dir, then gives it its final name."""
+    """Writes the trainer state, the manifest and the marker into the staging dir, then gives it its final name."""
     staging, final = step_dir(root, step) + ".partial", step_dir(root, step)
     with open(os.path.join(staging, TRAINER_STATE), "w") as f:
         json.dump(trainer_state, f, indent=2)
+    write_manifest(staging)
     with open(os.path.join(staging, MARKER), "w") as f:
         f.write(f"step {step}\n")
         f.flush()
@@ -45,14 +100,20 @@ def is_complete(path: str) -> bool:
     return os.path.isfile(os.path.join(path, MARKER)) and bool(_STEP_DIR.match(os.path.basename(path)))
 
 
-def latest(root: str) -> str | None:
-    """The complete checkpoint with the highest step under `root`, or None."""
+def latest(root: str, log=print) -> str | None:
+    """The complete checkpoint with the highest step under `root` that verifies against its manifest, or None;
+    each newer complete one passed over is logged with what is wrong with it."""
     if not os.path.isdir(root):
         return None
     steps = sorted((int(m.group(1)), name) for name in os.listdir(root) if (m := _STEP_DIR.match(name)))
     for _, name in reversed(steps):
-        if is_complete(os.path.join(root, name)):
-            return os.path.join(root, name)
+        path = os.path.join(root, name)
+        if not is_complete(path):
+            continue
+        problems = verify(path)
+        if not problems:
+            return path
+        log(f"checkpoint {path} is damaged ({'; '.join(problems)}); trying an older one")
     return None
 
 

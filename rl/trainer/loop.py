@@ -146,6 +146,10 @@ class Trainer:
             return 0
         if not checkpoint.is_complete(path):
             raise ValueError(f"trainer.resume_mode: {path} is not a complete checkpoint (no {checkpoint.MARKER})")
+        damaged = checkpoint.verify(path)
+        if damaged:
+            raise ValueError(f"trainer.resume_mode: {path} is damaged: {'; '.join(damaged)}; resume from another "
+                             "checkpoint (trainer.resume_mode=latest picks the newest intact one)")
         state = checkpoint.read_trainer_state(path)
         self.group.call("load_checkpoint", path)
         self.position = BatchPosition(state["epoch"], state["index"])

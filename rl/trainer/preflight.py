@@ -1,6 +1,7 @@
 """What must hold on this machine before a run spends anything (Ray, a model load, the embedded warm-up): the prompt
 files read and hold the configured keys and enough prompts, the model path exists when it is local, checkpoints and
-exports can be written where the config says, and the kernels `trainer.kernels` names can run here. Every problem is
+exports can be written where the config says, a checkpoint to resume is complete and intact, and the kernels
+`trainer.kernels` names can run here. Every problem is
 reported at once as a ConfigError naming the key."""
 
 from __future__ import annotations
@@ -82,6 +83,25 @@ def _model_problems(cfg) -> list[str]:
     return []
 
 
+def _resume_problems(cfg) -> list[str]:
+    """An explicit checkpoint to resume must be complete and match its manifest (checked before anything starts;
+    `latest` picks the newest intact one itself)."""
+    from rl.trainer import checkpoint
+
+    path = cfg.trainer.resume_mode
+    if path in (None, "none", "latest") or not os.path.isdir(os.path.expanduser(path)):
+        return []  # the config check names a missing directory
+    path = os.path.expanduser(path)
+    if not checkpoint.is_complete(path):
+        return [f"trainer.resume_mode: {path} is not a complete checkpoint (no {checkpoint.MARKER} marker); point it "
+                "at a global_step_N directory that has one, or use latest"]
+    damaged = checkpoint.verify(path)
+    if damaged:
+        return [f"trainer.resume_mode: {path} is damaged: {'; '.join(damaged)}; resume from another checkpoint "
+                "(latest picks the newest intact one)"]
+    return []
+
+
 def _writable_problems(cfg) -> list[str]:
     """Checkpoint and export roots the run will write to: a directory, or creatable in a writable one."""
     found = []
@@ -110,7 +130,7 @@ def _kernel_problems(cfg, ray_address: str | None) -> list[str]:
 
 def preflight(cfg, ray_address: str | None = None) -> None:
     """Raises ConfigError listing every problem found (see the module docstring)."""
-    problems = [*_data_problems(cfg), *_model_problems(cfg), *_writable_problems(cfg),
+    problems = [*_data_problems(cfg), *_model_problems(cfg), *_resume_problems(cfg), *_writable_problems(cfg),
                 *_kernel_problems(cfg, ray_address)]
     if problems:
         raise ConfigError(problems)
