@@ -14,6 +14,7 @@ import torch
 
 from rl.backends.base import DataParallelRank, ModelSpec
 from rl.backends.dist import init_distributed
+from rl.backends.lifeline import exit_with_parent
 from rl.backends.registry import build_backend
 from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.core.packing import PackedBatch
@@ -21,6 +22,7 @@ from rl.core.packing import PackedBatch
 
 class TrainingWorker:
     def __init__(self, rank: int, world_size: int, seed: int):
+        exit_with_parent()
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.policy = self.ref = None
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from rl.backends.lifeline import exit_with_parent
 from rl.core.generation import GenerationEngine, Rollout, SamplingParams, build_engine
 
 
@@ -15,6 +16,7 @@ class EngineActor:
     """One engine of `GENERATION_ENGINES`, built in the actor."""
 
     def __init__(self, name: str, model_path: str, kwargs: dict[str, Any]):
+        exit_with_parent()
         self.engine = build_engine(name, model_path, model_path, **kwargs)
 
     def where(self) -> str:

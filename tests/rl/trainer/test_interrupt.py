@@ -1,5 +1,6 @@
 """Ctrl-C during training: the launcher ends with exit code 130 and one line naming the step and the last complete
-checkpoint (no traceback), and no Ray process of the run outlives it."""
+checkpoint (no traceback), and no Ray process of the run outlives it. SIGKILL of the launcher's process group: the
+workers, whose raylet died with it, are gone within a second."""
 
 import json
 import os
@@ -46,6 +47,40 @@ def test_ctrl_c_ends_with_one_line_and_leaves_no_ray_process(tmp_path):
         assert "Traceback" not in output
         time.sleep(3)
         assert not _processes_mentioning(ray_dir), "Ray processes outlived the launcher"
+    finally:
+        kill_group(proc.pid)
+        log.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_killed_launcher_takes_its_workers_with_it(tmp_path):
+    job = make_tiny_job(str(tmp_path / "job"))
+    run_dir = str(tmp_path / "run")
+    log = open(tmp_path / "launcher.log", "w+")  # noqa: SIM115  (read during the run, closed below)
+    proc = start_train(run_dir, [*job.overrides(steps=200), "trainer.placement.policy_num_gpus_per_node=2"],
+                       output=log)
+    try:
+        deadline = time.monotonic() + 300
+        while _trained_steps(run_dir) < 1:
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach step 1"
+            time.sleep(0.5)
+        log.seek(0)
+        # Ray prefixes what an actor prints with its name and pid: this run's workers, whatever else runs here
+        workers = {int(pid) for pid in re.findall(r"\(TrainingWorker pid=(\d+)", log.read())}
+        assert workers, "no worker output in the launcher log"
+        kill_group(proc.pid)
+        proc.wait(timeout=30)
+        gone_by = time.monotonic() + 1.5
+        while any(_alive(pid) for pid in workers) and time.monotonic() < gone_by:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in workers), "workers outlived the killed launcher by 1.5 s"
     finally:
         kill_group(proc.pid)
         log.close()
