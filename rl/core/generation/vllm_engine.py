@@ -80,6 +80,10 @@ class VLLMGenerationEngine(GenerationEngine):
         self.tokenizer = self.llm.get_tokenizer()
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.weight_shapes = checkpoint_shapes(os.fspath(model))
+        # Tied embeddings: vLLM keeps its own (on CPU repacked) copy of the LM head, so a sender that names the
+        # shared tensor once (DeepSpeed, fsdp) still has to reach it under the head's name.
+        tied = _model_config(os.fspath(model)).get("tie_word_embeddings", False)
+        self.aliases = {"model.embed_tokens.weight": "lm_head.weight"} if tied else {}
         self.offloaded = False
         self.shm_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
@@ -117,6 +121,9 @@ class VLLMGenerationEngine(GenerationEngine):
                 tensor = tensor.clone()
             seen.add(tensor.data_ptr())
             bucket[name] = tensor
+        for name, alias in self.aliases.items():
+            if name in bucket and alias not in bucket:
+                bucket[alias] = bucket[name].clone()
         check_named_shapes(self.weight_shapes, ((name, tuple(t.shape)) for name, t in bucket.items()))
         if not bucket:
             return

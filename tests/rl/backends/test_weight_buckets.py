@@ -5,6 +5,7 @@ parameter, fsdp a unit, DeepSpeed ZeRO-3 a group of parameters, megatron a decod
 once, under the embedding's name."""
 
 import os
+import socket
 
 import pytest
 import torch
@@ -12,7 +13,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from tests.rl.backends.megatron.harness import free_port
 
 LAYOUTS = {
     "fsdp2": ("fsdp2", None),
@@ -27,17 +27,35 @@ LAYOUTS = {
 BUCKET_BYTES = 40_000  # a few parameters per bucket
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _worker(rank: int, port: int, path: str, out: str) -> None:
     from rl.backends.base import ModelSpec
     from rl.backends.dist import init_distributed
     from rl.backends.registry import build_backend
 
+    from rl.core.algorithms import LossSettings
+    from rl.core.packing import pack_sequences
+
     torch.set_num_threads(1)
     info = init_distributed(rank, 2, "127.0.0.1", port)
+    g = torch.Generator().manual_seed(rank)
+    batch = pack_sequences([{"input_ids": torch.randint(1, 61, (12,), generator=g),
+                             "loss_mask": torch.arange(12) >= 4, "advantages": torch.randn(12, generator=g)}])
+    settings = LossSettings()
     results = {}
     for name, (strategy, options) in LAYOUTS.items():
-        spec = ModelSpec(path=path, role="policy", temperature=1.0, backend_options=options)
+        spec = ModelSpec(path=path, role="policy", temperature=1.0, lr=1e-2, backend_options=options)
         backend = build_backend(strategy, spec, info)
+        # one optimizer step first: the buckets must carry the trained weights, not the checkpoint's
+        normalizer = settings.normalizer(batch.loss_mask, seq_ids=batch.token_seq_ids(), num_sequences=1,
+                                         dp_world_size=2)
+        backend.train_micro_batches([batch], settings, normalizer)
+        backend.optimizer_step()
         buckets = list(backend.weight_buckets(BUCKET_BYTES))
         full = backend.full_state_dict()
         results[name] = {"buckets": buckets, "full": full}
@@ -60,10 +78,14 @@ def results(tmp_path_factory):
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
                          max_position_embeddings=64)
     path = str(tmp_path_factory.mktemp("model"))
-    Qwen2ForCausalLM(config).save_pretrained(path)
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(path)
     out = os.path.join(path, "results.pt")
     mp.spawn(_worker, args=(free_port(), path, out), nprocs=2)
-    return torch.load(out, weights_only=False)
+    results = torch.load(out, weights_only=False)
+    for result in results.values():
+        result["initial"] = model.state_dict()
+    return results
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -76,6 +98,8 @@ def test_buckets_hold_the_full_state_in_pieces_of_the_asked_size(results, layout
     for name, tensor in sent.items():
         assert torch.equal(tensor, full[name]), name
         assert tensor.device.type == "cpu"
+    initial = results[layout]["initial"]
+    assert any(not torch.allclose(sent[n], initial[n]) for n in sent), "trained weights differ from the checkpoint"
     sizes = [sum(t.numel() * t.element_size() for _, t in bucket) for bucket in buckets]
     biggest = max(t.numel() * t.element_size() for t in sent.values())
     assert all(size < BUCKET_BYTES + biggest for size in sizes)

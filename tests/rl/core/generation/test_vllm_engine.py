@@ -88,7 +88,13 @@ def test_updated_weights_are_the_ones_sampled_from(engine, job, prompts):
             param.add_(torch.randn(param.shape, generator=g) * 0.05)
     tied = {"model.embed_tokens.weight", "lm_head.weight"}
     engine.update_weights([(n, t) for n, t in model.state_dict().items() if n not in tied])
-    embedding = model.model.embed_tokens.weight  # the tied pair, one tensor under both names (as megatron sends it)
-    engine.update_weights([("model.embed_tokens.weight", embedding), ("lm_head.weight", embedding)])
+    # tied embeddings under the embedding's name only (as DeepSpeed and fsdp send them): vLLM's LM head follows
+    engine.update_weights([("model.embed_tokens.weight", model.model.embed_tokens.weight)])
     rollouts = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=10, seed=4))
     assert_logprobs_match(model, rollouts, 1.0)
+    # and one tensor under both names (as megatron and fsdp2 send it)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(1.1)
+    embedding = model.model.embed_tokens.weight
+    engine.update_weights([("model.embed_tokens.weight", embedding), ("lm_head.weight", embedding)])
+    assert_logprobs_match(model, engine.generate(prompts, SamplingParams(n=2, max_new_tokens=10, seed=5)), 1.0)
