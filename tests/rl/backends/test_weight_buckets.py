@@ -13,7 +13,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-
 LAYOUTS = {
     "fsdp2": ("fsdp2", None),
     "fsdp": ("fsdp", None),
@@ -37,7 +36,6 @@ def _worker(rank: int, port: int, path: str, out: str) -> None:
     from rl.backends.base import ModelSpec
     from rl.backends.dist import init_distributed
     from rl.backends.registry import build_backend
-
     from rl.core.algorithms import LossSettings
     from rl.core.packing import pack_sequences
 
