@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+import rl.backends.registry  # noqa: F401  (registers the training strategies the config names)
 from rl.trainer import checkpoint
 
 
