@@ -15,7 +15,7 @@ from torch import Tensor
 from rl.backends.base import TrainingBackend
 from rl.backends.deepspeed_config import merged_section
 from rl.backends.hf_model import load_causal_lm
-from rl.backends.weight_sync import Bucket
+from rl.backends.weight_sync import Bucket, rank0_buckets
 
 CHECKPOINT_TAG = "state"
 
@@ -83,13 +83,13 @@ class DeepSpeedBackend(TrainingBackend):
             return {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()}
 
     def weight_buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
-        """Parameters in groups of about `bucket_bytes` (full size); under ZeRO-3 each group is gathered on its own
-        (`GatheredParameters`, collective) and released before the next, so no rank holds the whole model. Tied
+        """Parameters gathered in groups of about `bucket_bytes` (full size): under ZeRO-3 each group on its own
+        (`GatheredParameters`, collective), released before the next, so no rank holds the whole model. Tied
         weights come once, under their first name."""
-        import deepspeed
+        yield from rank0_buckets(self._group_tensors(bucket_bytes), bucket_bytes, self.dist.is_main)
 
-        def full_bytes(param) -> int:
-            return getattr(param, "ds_numel", param.numel()) * param.element_size()
+    def _group_tensors(self, group_bytes: int) -> Iterator[tuple[str, Tensor]]:
+        import deepspeed
 
         def gathered(group):
             context = (deepspeed.zero.GatheredParameters([p for _, p in group], modifier_rank=None)
@@ -100,12 +100,12 @@ class DeepSpeedBackend(TrainingBackend):
         group, size = [], 0
         for name, param in self.model.named_parameters():
             group.append((name, param))
-            size += full_bytes(param)
-            if size >= bucket_bytes:
-                yield gathered(group)
+            size += getattr(param, "ds_numel", param.numel()) * param.element_size()  # full size under ZeRO-3
+            if size >= group_bytes:
+                yield from gathered(group)
                 group, size = [], 0
         if group:
-            yield gathered(group)
+            yield from gathered(group)
 
     def offload(self) -> None:
         if self.dist.device.type == "cuda" and self.zero_stage == 3:

@@ -22,7 +22,7 @@ from rl.backends.dcp_checkpoint import DCPCheckpointMixin
 from rl.backends.fsdp_config import FSDPConfig, offloads
 from rl.backends.hf_model import load_causal_lm
 from rl.backends.mesh import decoder_layers, device_mesh
-from rl.backends.weight_sync import Bucket, bucketed
+from rl.backends.weight_sync import Bucket, rank0_buckets
 
 
 def sharding_strategy(reshard_after_forward: bool, hybrid: bool) -> ShardingStrategy:
@@ -64,11 +64,7 @@ class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
         """One FSDP unit (a decoder layer, then the root's own parameters) gathered at a time
         (`summon_full_params(recurse=False)`, collective), its parameters copied on rank 0 until a bucket is full.
         Tied weights come once, under their first name."""
-        if self.dist.is_main:
-            yield from bucketed(self._unit_tensors(), bucket_bytes)
-        else:
-            for _ in self._unit_tensors():  # every rank takes part in each unit's gather
-                pass
+        yield from rank0_buckets(self._unit_tensors(), bucket_bytes, self.dist.is_main)
 
     def _unit_tensors(self) -> Iterator[tuple[str, Tensor]]:
         wrapper = "_fsdp_wrapped_module."

@@ -16,7 +16,7 @@ from rl.backends.dcp_checkpoint import DCPCheckpointMixin
 from rl.backends.fsdp_config import FSDPConfig, offloads
 from rl.backends.hf_model import load_causal_lm
 from rl.backends.mesh import decoder_layers, device_mesh
-from rl.backends.weight_sync import Bucket, bucketed
+from rl.backends.weight_sync import Bucket, rank0_buckets
 
 
 class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
@@ -56,8 +56,4 @@ class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
                     yield name, full.detach().to("cpu", copy=True)
                 del full
 
-        if self.dist.is_main:
-            yield from bucketed(gathered(), bucket_bytes)
-        else:
-            for _ in gathered():  # the other ranks take part in each gather and keep nothing
-                pass
+        yield from rank0_buckets(gathered(), bucket_bytes, self.dist.is_main)

