@@ -74,7 +74,7 @@ def run_hf(args) -> dict:
 
     info = init_distributed(0, 1, "127.0.0.1", args.port)
     spec = ModelSpec(path=args.model, role="policy", temperature=1.0, fused_kernels=args.fused, kernels="torch",
-                     fused_chunk_size=args.chunk_size)
+                     fused_chunk_size=args.chunk_size, gradient_checkpointing=args.gradient_checkpointing)
     backend = build_backend(args.variant, spec, info)
     batch = _batch(args)
     settings = LossSettings(**SETTINGS_KW)
@@ -150,6 +150,7 @@ def _child(args, variant: str, fused: bool, model: str, port: int) -> dict:
            "--port", str(port), "--tokens", str(args.tokens), "--vocab", str(args.vocab), "--hidden",
            str(args.hidden), "--sequences", str(args.sequences)] + (["--fused"] if fused else [])
     cmd += ["--chunk-size", str(args.chunk_size)] if args.chunk_size else []
+    cmd += ["--gradient-checkpointing"] if args.gradient_checkpointing else []
     # A fixed mmap threshold: glibc then returns every freed tensor of 128 KiB or more to the OS at once, so the
     # resident-set peak follows live tensor memory (as a GPU allocator's peak would) instead of the heap the
     # allocator keeps after activations are freed.
@@ -174,6 +175,9 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--chunk-size", type=int, default=None,
                         help="tokens per chunk (trainer.policy.fused_kernel_chunk_size); default: ~128 MiB of logits")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="trainer.gradient_checkpointing=true in the HF strategies (the body's activations are "
+                             "recomputed in backward instead of kept from the forward)")
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=29655, help=argparse.SUPPRESS)
@@ -194,7 +198,9 @@ def main(argv=None) -> int:
                          _max_rel(chunked["grad_norms"], logits["grad_norms"])])
             print(f"{variant}: done", file=sys.stderr, flush=True)
     chunk = args.chunk_size or "default"
-    print(f"tokens {args.tokens}, vocabulary {args.vocab}, hidden {args.hidden}, chunk {chunk}, fp32, CPU")
+    checkpointing = "on" if args.gradient_checkpointing else "off"
+    print(f"tokens {args.tokens}, vocabulary {args.vocab}, hidden {args.hidden}, chunk {chunk}, "
+          f"gradient checkpointing {checkpointing}, fp32, CPU")
     print(format_table(["strategy", "logits MiB", "chunked MiB", "ratio", "logits s", "chunked s", "logits loss",
                         "chunked loss", "grad-norm rel diff"], rows))
     return 0

@@ -78,6 +78,13 @@ class TrainingBackend(abc.ABC):
     def load_checkpoint(self, path: str) -> None:
         """Restore what save_checkpoint wrote (collective)."""
 
+    @classmethod
+    @abc.abstractmethod
+    def checkpoint_weights(cls, path: str, model_path: str) -> dict[str, Tensor]:
+        """The model weights in a checkpoint `save_checkpoint` wrote (every rank's files), under Hugging Face names
+        on CPU, read in one process without a process group (`rl.launch.convert`); `model_path` is the HF model the
+        run started from (its config)."""
+
     @abc.abstractmethod
     def full_state_dict(self) -> dict[str, Tensor]:
         """Full weights in Hugging Face naming on CPU, on rank 0 (other ranks: empty). Collective."""

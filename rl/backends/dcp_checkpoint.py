@@ -4,9 +4,12 @@ optimizer; the LR schedule, identical on every rank, is written once. Shared by 
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch import Tensor
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 SCHEDULER_FILE = "scheduler.pt"
@@ -27,3 +30,18 @@ class DCPCheckpointMixin:
         dcp.load(state, checkpoint_id=path)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         self.scheduler.load_state_dict(torch.load(os.path.join(path, SCHEDULER_FILE), weights_only=True))
+
+    @classmethod
+    def checkpoint_weights(cls, path: str, model_path: str) -> dict[str, Tensor]:
+        """Every rank's model shards merged, in one process: the tensors the metadata lists under `model`."""
+        if not os.path.isfile(os.path.join(path, ".metadata")):
+            raise FileNotFoundError(f"{path} has no .metadata: not a checkpoint of a torch.distributed.checkpoint "
+                                    "strategy")
+        listed = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        model = {key.removeprefix("model."): torch.empty(entry.size, dtype=entry.properties.dtype)
+                 for key, entry in listed.items()
+                 if key.startswith("model.") and isinstance(entry, TensorStorageMetadata)}
+        with warnings.catch_warnings():  # that it loads in one process is the point here
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load({"model": model}, checkpoint_id=path, no_dist=True)
+        return model

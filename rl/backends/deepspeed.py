@@ -8,6 +8,7 @@ and the optimizer step happens at the accumulation boundary the trainer marks.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 from torch import Tensor
@@ -71,6 +72,17 @@ class DeepSpeedBackend(TrainingBackend):
     def load_checkpoint(self, path: str) -> None:
         self.engine.load_checkpoint(path, tag=CHECKPOINT_TAG, load_optimizer_states=True,
                                     load_lr_scheduler_states=True)
+
+    @classmethod
+    def checkpoint_weights(cls, path: str, model_path: str) -> dict[str, Tensor]:
+        """The fp32 master weights of every ZeRO stage, merged from all ranks' optimizer shards by DeepSpeed's
+        own `zero_to_fp32`."""
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        if not os.path.isdir(os.path.join(path, CHECKPOINT_TAG)):
+            raise FileNotFoundError(f"{path} has no {CHECKPOINT_TAG}/ folder: not a checkpoint of this DeepSpeed "
+                                    "backend")
+        return dict(get_fp32_state_dict_from_zero_checkpoint(path, tag=CHECKPOINT_TAG))
 
     def full_state_dict(self) -> dict[str, Tensor]:
         import deepspeed

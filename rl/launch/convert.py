@@ -1,9 +1,13 @@
-"""`bazel run //rl/launch:convert -- --direction=hf_to_megatron --input=HF_DIR --output=DIR --tp=2 [--pp=1 --ep=1]`
+"""`bazel run //rl/launch:convert -- --direction=checkpoint_to_hf --input=RUN/checkpoints/global_step_N --output=HF_DIR`
+`bazel run //rl/launch:convert -- --direction=hf_to_megatron --input=HF_DIR --output=DIR --tp=2 [--pp=1 --ep=1]`
 `bazel run //rl/launch:convert -- --direction=megatron_to_hf --input=DIR --output=HF_DIR [--hf_config=HF_DIR]`
 
-Converts a Hugging Face checkpoint into megatron shard files for a TP/PP/EP layout (one file per model-parallel rank,
-Megatron-LM's `mp_rank_TT_PPP_EEE/model_optim_rng.pt` layout, which the megatron backend loads), and back into
-safetensors that `transformers` loads. Runs in one process; no GPU needed.
+`checkpoint_to_hf` reads a training checkpoint of any strategy (every rank's files; the strategy and the model it
+started from are recorded in its trainer_state.json) into safetensors that `transformers` loads, which any strategy
+then starts from (`trainer.policy.model.path`). The megatron directions convert a Hugging Face checkpoint into
+megatron shard files for a TP/PP/EP layout (one file per model-parallel rank, Megatron-LM's
+`mp_rank_TT_PPP_EEE/model_optim_rng.pt` layout, which the megatron backend loads) and back. Runs in one process; no
+GPU needed.
 """
 
 import sys
@@ -11,24 +15,58 @@ import sys
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("direction", None, ("hf_to_megatron", "megatron_to_hf"), "Which way to convert.")
+flags.DEFINE_enum("direction", None, ("checkpoint_to_hf", "hf_to_megatron", "megatron_to_hf"), "Which way to convert.")
 flags.DEFINE_string("input", None, "Source directory.")
 flags.DEFINE_string("output", None, "Destination directory (must not exist).")
 flags.DEFINE_integer("tp", 1, "Tensor-parallel size of the megatron checkpoint (hf_to_megatron).")
 flags.DEFINE_integer("pp", 1, "Pipeline-parallel size (hf_to_megatron).")
 flags.DEFINE_integer("ep", 1, "Expert-parallel size, mixture-of-experts models (hf_to_megatron).")
-flags.DEFINE_string("hf_config", None, "megatron_to_hf: HF directory with config and tokenizer (default: the source "
-                    "recorded at conversion).")
+flags.DEFINE_string("hf_config", None, "megatron_to_hf, checkpoint_to_hf: HF directory with config and tokenizer "
+                    "(default: the model recorded in the checkpoint).")
+flags.DEFINE_string("strategy", None, "checkpoint_to_hf: the strategy that wrote the checkpoint, for checkpoints "
+                    "that do not record it.")
 flags.mark_flags_as_required(["direction", "input", "output"])
+
+
+def training_checkpoint_to_hf(path: str, out_dir: str, hf_config: str | None, strategy: str | None) -> None:
+    """A verified training checkpoint's weights, through its strategy's reader, as a Hugging Face checkpoint."""
+    import os
+
+    from rl.backends.hf_model import save_hf_checkpoint
+    from rl.backends.registry import backend_class
+    from rl.core.config.strategies import STRATEGIES
+    from rl.trainer import checkpoint
+
+    if not checkpoint.is_complete(path):
+        raise ValueError(f"{path} is not a complete training checkpoint (a global_step_N directory with a "
+                         f"{checkpoint.MARKER} marker)")
+    damaged = checkpoint.verify(path)
+    if damaged:
+        raise ValueError(f"{path} is damaged: {'; '.join(damaged)}")
+    state = checkpoint.read_trainer_state(path)
+    strategy = state.get("strategy") or strategy
+    model_path = hf_config or state.get("model_path")
+    if strategy is None or model_path is None:
+        raise ValueError(f"{path}/{checkpoint.TRAINER_STATE} does not record "
+                         f"{'the strategy; pass --strategy' if strategy is None else 'the model; pass --hf_config'}")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"--strategy {strategy}: not a strategy; choose from {', '.join(STRATEGIES)}")
+    if os.path.exists(out_dir):
+        raise FileExistsError(f"{out_dir} already exists; conversions are never overwritten")
+    weights = backend_class(strategy).checkpoint_weights(path, model_path)
+    save_hf_checkpoint(model_path, weights, out_dir)
 
 
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    import rl.backends.registry  # noqa: F401  (the strategies' checkpoint readers)
     from rl.backends.megatron.hf_io import hf_to_megatron_checkpoint, megatron_checkpoint_to_hf
 
     try:
-        if FLAGS.direction == "hf_to_megatron":
+        if FLAGS.direction == "checkpoint_to_hf":
+            training_checkpoint_to_hf(FLAGS.input, FLAGS.output, FLAGS.hf_config, FLAGS.strategy)
+        elif FLAGS.direction == "hf_to_megatron":
             if min(FLAGS.tp, FLAGS.pp, FLAGS.ep) < 1:
                 raise ValueError("--tp, --pp and --ep must be >= 1")
             hf_to_megatron_checkpoint(FLAGS.input, FLAGS.output, FLAGS.tp, FLAGS.pp, FLAGS.ep)

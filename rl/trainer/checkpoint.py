@@ -120,3 +120,14 @@ def latest(root: str, log=print) -> str | None:
 def read_trainer_state(path: str) -> dict:
     with open(os.path.join(path, TRAINER_STATE)) as f:
         return json.load(f)
+
+
+def strategy_mismatch(path: str, strategy: str) -> str | None:
+    """Why checkpoint `path` cannot be resumed under `strategy` (written by another one), with the way across."""
+    written_by = read_trainer_state(path).get("strategy")
+    if written_by in (None, strategy):
+        return None
+    return (f"{path} was written by the {written_by} strategy and this run uses {strategy}; optimizer state does not "
+            f"carry across strategies. Convert its weights with `bazel run //rl/launch:convert -- "
+            f"--direction=checkpoint_to_hf --input={path} --output=HF_DIR` and start a new run from them with "
+            f"trainer.policy.model.path=HF_DIR, or resume with --strategy={written_by}")

@@ -133,7 +133,8 @@ class Trainer:
         staging = checkpoint.staging_dir(self.ckpt_root, step)
         self.group.call("save_checkpoint", staging)
         crash_point("checkpoint_written", step)
-        state = {"step": step, "epoch": self.position.epoch, "index": self.position.index}
+        state = {"step": step, "epoch": self.position.epoch, "index": self.position.index,
+                 "strategy": self.cfg.trainer.strategy, "model_path": _absolute(self.model_path)}
         checkpoint.commit(self.ckpt_root, step, state)
 
     def resume(self) -> int:
@@ -150,6 +151,9 @@ class Trainer:
         if damaged:
             raise ValueError(f"trainer.resume_mode: {path} is damaged: {'; '.join(damaged)}; resume from another "
                              "checkpoint (trainer.resume_mode=latest picks the newest intact one)")
+        mismatch = checkpoint.strategy_mismatch(path, self.cfg.trainer.strategy)
+        if mismatch:
+            raise ValueError(f"trainer.resume_mode: {mismatch}")
         state = checkpoint.read_trainer_state(path)
         self.group.call("load_checkpoint", path)
         self.position = BatchPosition(state["epoch"], state["index"])
@@ -162,6 +166,12 @@ class Trainer:
         root = self.cfg.trainer.export_path or os.path.join(self.run_dir, "exports")
         os.makedirs(root, exist_ok=True)
         self.group.call("export_hf", self.model_path, os.path.join(root, f"global_step_{step}"))
+
+
+def _absolute(model_path: str) -> str:
+    """A local model directory as an absolute path (hub names stay as they are)."""
+    local = os.path.expanduser(model_path)
+    return os.path.abspath(local) if os.path.isdir(local) else model_path
 
 
 def _due(step: int, interval: int, last: int | None = None) -> bool:

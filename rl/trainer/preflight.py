@@ -99,7 +99,8 @@ def _resume_problems(cfg) -> list[str]:
     if damaged:
         return [f"trainer.resume_mode: {path} is damaged: {'; '.join(damaged)}; resume from another checkpoint "
                 "(latest picks the newest intact one)"]
-    return []
+    mismatch = checkpoint.strategy_mismatch(path, cfg.trainer.strategy)
+    return [f"trainer.resume_mode: {mismatch}"] if mismatch else []
 
 
 def _writable_problems(cfg) -> list[str]:

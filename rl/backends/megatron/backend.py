@@ -246,6 +246,12 @@ class MegatronBackend(TrainingBackend):
 
             write_layout(path, self.layout, os.path.expanduser(self.spec.path))
 
+    @classmethod
+    def checkpoint_weights(cls, path: str, model_path: str) -> dict[str, Tensor]:
+        from rl.backends.megatron.hf_io import megatron_weights
+
+        return megatron_weights(path, model_path)
+
     def _pipeline(self) -> dict[str, int]:
         return {"pp": self.layout.pp, "vp": self.layout.vp}
 

@@ -54,17 +54,22 @@ def read_layout(megatron_dir: str) -> dict:
 def megatron_checkpoint_to_hf(megatron_dir: str, out_dir: str, hf_config_path: str | None = None) -> None:
     """Merges every shard back into Hugging Face safetensors (config and tokenizer from `hf_config_path`, default
     the source recorded at conversion)."""
-    from transformers import AutoConfig
-
     from rl.backends.hf_model import save_hf_checkpoint
 
+    source = hf_config_path or read_layout(megatron_dir)["hf_path"]
+    save_hf_checkpoint(source, megatron_weights(megatron_dir, source), out_dir)
+
+
+def megatron_weights(megatron_dir: str, hf_config_path: str) -> dict[str, torch.Tensor]:
+    """Every shard's model state merged under Hugging Face names."""
+    from transformers import AutoConfig
+
     info = read_layout(megatron_dir)
-    source = hf_config_path or info["hf_path"]
-    config = AutoConfig.from_pretrained(source)
+    config = AutoConfig.from_pretrained(hf_config_path)
     shards = {}
     for t in range(info["tp"]):
         for p in range(info["pp"]):
             for e in range(info["ep"]):
                 layout = Layout(tp=info["tp"], pp=info["pp"], ep=info["ep"], tp_rank=t, pp_rank=p, ep_rank=e)
                 shards[(t, p, e)] = ckpt.read_shard(megatron_dir, layout)["model"]
-    save_hf_checkpoint(source, megatron_to_hf(shards, config, info["tp"], info["pp"], info["ep"]), out_dir)
+    return megatron_to_hf(shards, config, info["tp"], info["pp"], info["ep"])

@@ -2,7 +2,8 @@
 `full_state_dict` (the oracle): the same tensors under the same Hugging Face names, split into buckets of about the
 asked size, on rank 0 only, for every strategy on 2 gloo workers (each gathers one piece at a time: fsdp2 a
 parameter, fsdp a unit, DeepSpeed ZeRO-3 a group of parameters, megatron a decoder layer). Tied weights may come
-once, under the embedding's name."""
+once, under the embedding's name. The same backends' training checkpoints read back in one process
+(`checkpoint_weights`) hold the same weights."""
 
 import os
 import socket
@@ -56,7 +57,11 @@ def _worker(rank: int, port: int, path: str, out: str) -> None:
         backend.optimizer_step()
         buckets = list(backend.weight_buckets(BUCKET_BYTES))
         full = backend.full_state_dict()
-        results[name] = {"buckets": buckets, "full": full}
+        saved = os.path.join(os.path.dirname(out), f"checkpoint-{name}")
+        backend.save_checkpoint(saved)
+        dist.barrier()
+        results[name] = {"buckets": buckets, "full": full,
+                         "checkpoint": type(backend).checkpoint_weights(saved, path) if rank == 0 else None}
         if strategy == "megatron":
             from megatron.core import parallel_state
 
@@ -101,3 +106,14 @@ def test_buckets_hold_the_full_state_in_pieces_of_the_asked_size(results, layout
     sizes = [sum(t.numel() * t.element_size() for _, t in bucket) for bucket in buckets]
     biggest = max(t.numel() * t.element_size() for t in sent.values())
     assert all(size < BUCKET_BYTES + biggest for size in sizes)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_training_checkpoint_reads_back_as_the_trained_weights(results, layout):
+    """`checkpoint_weights` (what `rl.launch.convert --direction=checkpoint_to_hf` writes out) merges both ranks'
+    files of a training checkpoint into the weights the backend itself gathers."""
+    read, full = results[layout]["checkpoint"], results[layout]["full"]
+    assert set(full) - set(read) <= {"lm_head.weight"} and set(read) - set(full) <= {"lm_head.weight"}
+    for name, tensor in read.items():
+        assert tensor.device.type == "cpu" and tensor.dtype == torch.float32, name
+        torch.testing.assert_close(tensor, full[name], rtol=0, atol=0, msg=name)

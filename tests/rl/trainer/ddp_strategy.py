@@ -68,6 +68,10 @@ class DDPBackend(TrainingBackend):
         self._module().load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
 
+    @classmethod
+    def checkpoint_weights(cls, path: str, model_path: str) -> dict[str, Tensor]:
+        return torch.load(os.path.join(path, "rank0.pt"), weights_only=True)["model"]
+
     def full_state_dict(self) -> dict[str, Tensor]:
         if not self.dist.is_main:
             return {}

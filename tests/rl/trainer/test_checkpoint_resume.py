@@ -1,7 +1,10 @@
 """A run SIGKILLed in the middle of a checkpoint write resumes from the last complete one and then produces the
-same metrics as a run that was never interrupted; the half-written checkpoint is never loaded."""
+same metrics as a run that was never interrupted; the half-written checkpoint is never loaded. A damaged shard of
+the newest checkpoint is named and passed over the same way. A checkpoint resumed under another strategy is refused
+before anything starts, and `rl.launch.convert` turns it into a Hugging Face model instead."""
 
 import os
+import shutil
 import signal
 
 import pytest
@@ -25,11 +28,17 @@ def _overrides(job):
 
 
 @pytest.fixture(scope="module")
-def expected(job, tmp_path_factory) -> dict[int, dict]:
-    """Per-step metrics of the run that was never interrupted."""
-    reference_dir = str(tmp_path_factory.mktemp("reference"))
-    reference = run_train(reference_dir, _overrides(job))
+def reference_dir(job, tmp_path_factory) -> str:
+    """The run that was never interrupted (a checkpoint every step)."""
+    run_dir = str(tmp_path_factory.mktemp("reference"))
+    reference = run_train(run_dir, _overrides(job))
     assert reference.returncode == 0, reference.stderr[-5000:]
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def expected(reference_dir) -> dict[int, dict]:
+    """Per-step metrics of the run that was never interrupted."""
     return {row["step"]: row for row in read_metrics(os.path.join(reference_dir, "metrics.jsonl"))}
 
 
@@ -83,3 +92,62 @@ def test_fresh_run_refuses_a_used_run_dir(job, tmp_path):
     assert "already holds a run" in result.stderr and "resume_mode=latest" in result.stderr
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         assert f.read() == '{"step": 1}\n'
+
+
+def _damage(path: str, how: str) -> None:
+    if how == "deleted":
+        os.remove(path)
+        return
+    with open(path, "r+b") as f:
+        if how == "truncated":
+            f.truncate(os.path.getsize(path) // 2)
+        else:
+            f.seek(os.path.getsize(path) // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0x5A]))
+
+
+@pytest.mark.parametrize("how", ["flipped", "truncated", "deleted"])
+def test_damaged_newest_checkpoint_is_named_and_resume_falls_back(job, reference_dir, expected, tmp_path, how):
+    """The newest checkpoint's largest shard damaged after the run: resume names the file, goes back one checkpoint
+    and then logs the same metrics as the run that was never damaged."""
+    run_dir = str(tmp_path / "damaged")
+    shutil.copytree(reference_dir, run_dir, ignore=shutil.ignore_patterns("ray"))
+    newest = os.path.join(run_dir, "checkpoints", f"global_step_{STEPS}")
+    files = [os.path.join(parent, name) for parent, _, names in os.walk(newest) for name in names]
+    shard = max(files, key=os.path.getsize)
+    _damage(shard, how)
+
+    resumed = run_train(run_dir, [*_overrides(job), "trainer.resume_mode=latest"])
+    assert resumed.returncode == 0, resumed.stderr[-5000:]
+    said = resumed.stdout + resumed.stderr
+    assert f"checkpoint {newest} is damaged" in said and os.path.relpath(shard, newest) in said
+    assert f"global_step_{STEPS - 1} (step {STEPS - 1})" in resumed.stdout
+    _assert_same_steps(run_dir, expected)
+
+
+def test_checkpoint_of_another_strategy_is_refused_and_converts_to_hugging_face(job, reference_dir, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rl.launch.convert import training_checkpoint_to_hf
+
+    saved = os.path.join(reference_dir, "checkpoints", f"global_step_{STEPS}")
+    state = checkpoint.read_trainer_state(saved)
+    assert state["model_path"] == os.path.abspath(job.model_path)
+    other = "megatron" if state["strategy"] != "megatron" else "fsdp2"
+    refused = run_train(str(tmp_path / "other"), [*_overrides(job), f"trainer.strategy={other}",
+                                                  f"trainer.resume_mode={saved}"], timeout=60)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert f"trainer.resume_mode: {saved} was written by the {state['strategy']} strategy" in refused.stderr
+    assert "--direction=checkpoint_to_hf" in refused.stderr and "Traceback" not in refused.stderr
+
+    out = str(tmp_path / "hf")
+    training_checkpoint_to_hf(saved, out, None, None)
+    trained = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(job.model_path).state_dict()
+    assert trained.keys() == initial.keys()
+    assert any(not torch.equal(trained[name], initial[name]) for name in initial), "the trained weights"
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        training_checkpoint_to_hf(saved, out, None, None)
