@@ -19,17 +19,8 @@ flags.DEFINE_string("run_dir", None, "Directory for the run's outputs (default: 
 flags.DEFINE_string("ray_address", None, "Address of an existing Ray cluster to join (default: start a local one).")
 
 
-def split_overrides(argv: list[str]) -> list[str]:
-    """Positional arguments after the program name: each must be key=value."""
-    overrides = argv[1:]
-    bad = [arg for arg in overrides if "=" not in arg or arg.startswith("=")]
-    if bad:
-        raise app.UsageError(f"expected key=value overrides, got: {' '.join(bad)}")
-    return overrides
-
-
 def main(argv: list[str]) -> int:
-    overrides = split_overrides(argv)
+    overrides = argv[1:]  # key=value each; the config loader names any that is not
     try:
         cfg = load_config(overrides, config_file=FLAGS.config, strategy=FLAGS.strategy)
     except ConfigError as error:

@@ -1,8 +1,8 @@
 """What must hold on this machine before a run spends anything (Ray, a model load, the embedded warm-up): the prompt
-files read and hold the configured keys and enough prompts, the model path exists when it is local, checkpoints and
-exports can be written where the config says, a checkpoint to resume is complete and intact, and the kernels
-`trainer.kernels` names can run here. Every problem is
-reported at once as a ConfigError naming the key."""
+files read and hold the configured keys and enough prompts, the model path exists when it is local, the reward is
+registered, checkpoints and exports can be written where the config says, a checkpoint to resume is complete, intact
+and of this strategy, and the kernels `trainer.kernels` names can run here. Every problem is reported at once as a
+ConfigError naming the key."""
 
 from __future__ import annotations
 
@@ -103,6 +103,15 @@ def _resume_problems(cfg) -> list[str]:
     return [f"trainer.resume_mode: {mismatch}"] if mismatch else []
 
 
+def _reward_problems(cfg) -> list[str]:
+    """`data.reward_fn` names a registered reward (the tasks register theirs on import)."""
+    from rl.core.rewards import REWARD_FUNCTIONS
+    from rl.tasks import rewards  # noqa: F401
+
+    name = cfg.data.reward_fn
+    return [] if name in REWARD_FUNCTIONS else [f"data.reward_fn: {REWARD_FUNCTIONS.unknown_message(name)}"]
+
+
 def _writable_problems(cfg) -> list[str]:
     """Checkpoint and export roots the run will write to: a directory, or creatable in a writable one."""
     found = []
@@ -131,7 +140,7 @@ def _kernel_problems(cfg, ray_address: str | None) -> list[str]:
 
 def preflight(cfg, ray_address: str | None = None) -> None:
     """Raises ConfigError listing every problem found (see the module docstring)."""
-    problems = [*_data_problems(cfg), *_model_problems(cfg), *_resume_problems(cfg), *_writable_problems(cfg),
-                *_kernel_problems(cfg, ray_address)]
+    problems = [*_data_problems(cfg), *_model_problems(cfg), *_reward_problems(cfg), *_resume_problems(cfg),
+                *_writable_problems(cfg), *_kernel_problems(cfg, ray_address)]
     if problems:
         raise ConfigError(problems)

@@ -1,0 +1,241 @@
+"""The bad-input catalogue: one row per mistake, each run through the launcher in this process
+(`tests.testing.launcher.launch_refused`: exit code 2 within seconds, Ray never started, no run directory, no
+traceback), with the refusal naming the key, and for data the file and the row.
+
+Config rows: every row of `tests.testing.bad_configs.BAD` (what `load_config` refuses) and the rows below that only
+the machine can answer (`rl.trainer.preflight`: files, model directories, checkpoints, kernels) or that come in a
+`--config` file. Data rows: prompt files with one defect each, in jsonl and parquet."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import rl.backends.registry  # noqa: F401  (the strategies the config names)
+from tests.testing.bad_configs import BAD, MEGATRON, Bad
+from tests.testing.launcher import launch_refused
+
+GOOD_ROWS = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(6)]
+
+
+@dataclass(frozen=True)
+class BadFile:
+    """A `--config` file given beside the overrides."""
+
+    content: bytes
+    key: str
+    fragments: tuple[str, ...]
+
+
+# Placeholders: {tmp} a fresh directory, {data} a good 6-row prompt file, {model} a model directory whose config has
+# 14 attention heads, 2 key/value heads and 6 layers, {file} a regular file, {notckpt} a directory that is no
+# checkpoint.
+MEGATRON_ON_4 = ["trainer.strategy=megatron", "trainer.policy.model.path={model}",
+                 "trainer.placement.policy_num_gpus_per_node=4"]
+MACHINE = {
+    "model_dir_missing": Bad(["trainer.policy.model.path={tmp}/no-model"], "trainer.policy.model.path",
+                             ("is not a directory",)),
+    "model_without_config": Bad(["trainer.policy.model.path={tmp}"], "trainer.policy.model.path",
+                                ("no config.json",)),
+    "cuda_kernels_without_cuda": Bad(["trainer.kernels=cuda"], "trainer.kernels", ("needs a CUDA device",)),
+    "triton_kernels_without_cuda": Bad(["trainer.kernels=triton"], "trainer.kernels", ("needs a CUDA device",)),
+    "ckpt_under_a_file": Bad(["trainer.ckpt_path={file}/ckpt"], "trainer.ckpt_path", ("is a file",)),
+    "export_under_a_file": Bad(["trainer.export_path={file}/exports"], "trainer.export_path", ("is a file",)),
+    "unknown_reward": Bad(["data.reward_fn=gsm9k"], "data.reward_fn", ("Did you mean 'gsm8k'?",)),
+    "resume_from_a_directory_that_is_no_checkpoint": Bad(["trainer.resume_mode={notckpt}"], "trainer.resume_mode",
+                                                         ("not a complete checkpoint",)),
+    "megatron_tp_not_dividing_heads": Bad([*MEGATRON_ON_4, MEGATRON + "tensor_model_parallel_size=4"],
+                                          MEGATRON + "tensor_model_parallel_size", ("must divide the model's 14 attention heads",)),
+    "megatron_pp_not_dividing_layers": Bad([*MEGATRON_ON_4, MEGATRON + "pipeline_model_parallel_size=4"],
+                                           MEGATRON + "pipeline_model_parallel_size", ("must divide the model's 6 layers",)),
+    "unknown_strategy_flag_with_a_model": Bad(["trainer.policy.model.path={model}"], "trainer.strategy",
+                                              ("did you mean 'fsdp'?",), strategy="fsdp3"),
+}
+FILES = {
+    "config_not_utf8": BadFile(b"trainer:\n  seed: \xff\xfe\n", "--config", ("not UTF-8",)),
+    "config_duplicate_key": BadFile(b"trainer:\n  seed: 1\n  seed: 2\n", "--config", ("seed", "twice")),
+    "config_invalid_yaml": BadFile(b"trainer: [seed: 1\n", "--config", ("not valid YAML",)),
+    "config_top_level_list": BadFile(b"- trainer.seed=1\n", "--config", ("mapping",)),
+    "config_unknown_key": BadFile(b"trainer:\n  sed: 1\n", "trainer.sed", ("did you mean 'trainer.seed'?",)),
+    "config_wrong_type": BadFile(b"generator:\n  top_p: high\n", "generator.top_p", ("expected a number",)),
+}
+
+
+@dataclass(frozen=True)
+class BadData:
+    """A prompt file with one defect: its name, its rows (jsonl lines as written, or parquet columns), the keys
+    that read it, and what the refusal must say beside the key and the file's name."""
+
+    name: str
+    content: bytes | list[str] | dict | None
+    fragments: tuple[str, ...]
+    overrides: tuple[str, ...] = ()
+    key: str = "data.train_data"
+
+
+def _lines(*rows) -> list[str]:
+    return [row if isinstance(row, str) else json.dumps(row) for row in rows]
+
+
+OK = GOOD_ROWS[0]
+DATA = {
+    "jsonl_bad_json": BadData("a.jsonl", _lines(OK, '{"prompt": '), ("line 2", "not valid JSON")),
+    "jsonl_array_line": BadData("a.jsonl", _lines(OK, "[1, 2]"), ("line 2", "expected a JSON object")),
+    "jsonl_string_line": BadData("a.jsonl", _lines('"just text"'), ("line 1", "expected a JSON object")),
+    "jsonl_no_prompt": BadData("a.jsonl", _lines(OK, OK, {"answer": "3"}), ("line 3", "'prompt'")),
+    "jsonl_no_answer": BadData("a.jsonl", _lines({"prompt": "q"}), ("line 1", "'answer'")),
+    "jsonl_null_answer": BadData("a.jsonl", _lines({"prompt": "q", "answer": None}), ("line 1", "is null")),
+    "jsonl_empty_answer": BadData("a.jsonl", _lines({"prompt": "q", "answer": ""}), ("line 1", "empty string")),
+    "jsonl_blank_answer": BadData("a.jsonl", _lines({"prompt": "q", "answer": "  "}), ("line 1", "empty string")),
+    "jsonl_nan_answer": BadData("a.jsonl", _lines('{"prompt": "q", "answer": NaN}'), ("line 1", "finite")),
+    "jsonl_infinite_answer": BadData("a.jsonl", _lines('{"prompt": "q", "answer": Infinity}'), ("line 1", "finite")),
+    "jsonl_list_answer": BadData("a.jsonl", _lines({"prompt": "q", "answer": ["1"]}), ("line 1", "string or number")),
+    "jsonl_dict_answer": BadData("a.jsonl", _lines({"prompt": "q", "answer": {"v": 1}}),
+                                 ("line 1", "string or number")),
+    "jsonl_empty_prompt": BadData("a.jsonl", _lines({"prompt": "", "answer": "1"}), ("line 1", "empty string")),
+    "jsonl_numeric_prompt": BadData("a.jsonl", _lines({"prompt": 7, "answer": "1"}),
+                                    ("line 1", "text or a non-empty list")),
+    "jsonl_empty_chat": BadData("a.jsonl", _lines({"prompt": [], "answer": "1"}),
+                                ("line 1", "text or a non-empty list")),
+    "jsonl_chat_without_content": BadData("a.jsonl", _lines({"prompt": [{"role": "user"}], "answer": "1"}),
+                                          ("line 1", "chat message 0")),
+    "jsonl_chat_empty_content": BadData("a.jsonl", _lines({"prompt": [{"role": "user", "content": ""}],
+                                                           "answer": "1"}), ("line 1", "has empty content")),
+    "jsonl_chat_role_not_text": BadData("a.jsonl", _lines({"prompt": [{"role": 1, "content": "hi"}], "answer": "1"}),
+                                        ("line 1", "chat message 0")),
+    "jsonl_index_not_integer": BadData("a.jsonl", _lines({"prompt": "q", "answer": "1", "index": "7"}),
+                                       ("line 1", "'index' must be an integer")),
+    "jsonl_source_not_text": BadData("a.jsonl", _lines({"prompt": "q", "answer": "1", "data_source": 3}),
+                                     ("line 1", "'data_source' must be a string")),
+    "jsonl_empty_file": BadData("a.jsonl", [], ("holds no rows",)),
+    "jsonl_blank_lines_only": BadData("a.jsonl", ["", "   ", ""], ("holds no rows",)),
+    "jsonl_not_utf8": BadData("a.jsonl", b'{"prompt": "\xff", "answer": "1"}\n', ("UTF-8",)),
+    "jsonl_custom_prompt_key_absent": BadData("a.jsonl", _lines(*GOOD_ROWS), ("line 1", "'question'"),
+                                              ("data.prompt_key=question",)),
+    "jsonl_custom_answer_key_absent": BadData("a.jsonl", _lines(*GOOD_ROWS), ("line 1", "'solution'"),
+                                              ("data.answer_key=solution",)),
+    "jsonl_fewer_prompts_than_a_step": BadData("a.jsonl", _lines(*GOOD_ROWS), ("holds 6",),
+                                               ("trainer.train_batch_size=8", "trainer.policy_mini_batch_size=8"),
+                                               key="trainer.train_batch_size"),
+    "jsonl_bad_validation_row": BadData("v.jsonl", _lines(OK, {"prompt": "q", "answer": None}), ("line 2", "null"),
+                                        key="data.val_data"),
+    "csv_extension": BadData("a.csv", _lines(OK), ("unsupported file extension '.csv'",)),
+    "json_extension": BadData("a.json", _lines(OK), ("unsupported file extension '.json'",)),
+    "no_extension": BadData("prompts", _lines(OK), ("unsupported file extension '(none)'",)),
+    "missing_file": BadData("absent.jsonl", None, ("no such file",)),
+    "directory_named_like_a_file": BadData("dir.jsonl", "directory", ("not a regular file",)),
+    "parquet_corrupt": BadData("a.parquet", b"PAR1 this is not parquet", ("cannot read as parquet",)),
+    "parquet_no_rows": BadData("a.parquet", {"prompt": pa.array([], pa.string()), "answer": pa.array([], pa.string())},
+                               ("holds no rows",)),
+    "parquet_no_answer_column": BadData("a.parquet", {"prompt": ["q"]}, ("'answer'",)),
+    "parquet_null_answer": BadData("a.parquet", {"prompt": ["q", "r"], "answer": ["1", None]}, ("row 1", "is null")),
+    "parquet_nan_answer": BadData("a.parquet", {"prompt": ["q"], "answer": [math.nan]}, ("row 0", "finite")),
+    "parquet_numeric_prompt": BadData("a.parquet", {"prompt": [1, 2], "answer": ["1", "2"]},
+                                      ("row 0", "text or a non-empty list")),
+    "parquet_chat_empty_content": BadData(
+        "a.parquet", {"prompt": [[{"role": "user", "content": "hi"}], [{"role": "user", "content": ""}]],
+                      "answer": ["1", "2"]}, ("row 1", "has empty content")),
+    "parquet_empty_prompt": BadData("a.parquet", {"prompt": ["q", ""], "answer": ["1", "2"]},
+                                    ("row 1", "empty string")),
+}
+
+
+def test_the_catalogue_holds_at_least_100_configs_and_30_data_files():
+    assert len(BAD) + len(MACHINE) + len(FILES) >= 100
+    assert len(DATA) >= 30
+
+
+@pytest.fixture
+def places(tmp_path) -> dict[str, str]:
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in GOOD_ROWS))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 64, "hidden_size": 56,
+        "intermediate_size": 64, "num_hidden_layers": 6, "num_attention_heads": 14, "num_key_value_heads": 2,
+        "max_position_embeddings": 64}))
+    (tmp_path / "notckpt").mkdir()
+    return {"tmp": str(tmp_path / "scratch"), "data": str(data), "model": str(model), "file": str(data),
+            "notckpt": str(tmp_path / "notckpt")}
+
+
+@pytest.fixture(autouse=True)
+def no_cuda(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the kernel rows on a GPU machine too
+
+
+def _assert_named(message: str, key: str, fragments) -> None:
+    lines = [line.strip().removeprefix("- ") for line in message.splitlines()]
+    lines = [line for line in lines if line.startswith(key + ":")]
+    assert lines, f"no line names {key}:\n{message}"
+    for fragment in fragments:
+        assert any(fragment in line for line in lines), f"{fragment!r} not in {lines}"
+
+
+def _placed(override: str, places: dict[str, str]) -> str:
+    for name, value in places.items():
+        override = override.replace("{" + name + "}", value)
+    return override
+
+
+@pytest.mark.parametrize("case", [*BAD, *MACHINE])
+def test_bad_config_is_refused_before_anything_starts(case, places, tmp_path, capsys):
+    row = BAD.get(case) or MACHINE[case]
+    os.makedirs(places["tmp"], exist_ok=True)
+    overrides = [_placed(override, places) for override in row.overrides]
+    flags = (f"--strategy={row.strategy}",) if row.strategy else ()
+    message = launch_refused(str(tmp_path / "run"), overrides, capsys, flags)
+    _assert_named(message, row.key, row.fragments)
+
+
+@pytest.mark.parametrize("case", FILES)
+def test_bad_config_file_is_refused_before_anything_starts(case, tmp_path, capsys):
+    row = FILES[case]
+    path = tmp_path / "job.yaml"
+    path.write_bytes(row.content)
+    message = launch_refused(str(tmp_path / "run"), [], capsys, (f"--config={path}",))
+    if row.key == "--config":
+        assert str(path) in message, message
+    else:
+        _assert_named(message, row.key, ())
+    for fragment in row.fragments:
+        assert fragment in message, message
+
+
+def _write(path, content) -> None:
+    if content is None:
+        return
+    if content == "directory":
+        os.makedirs(path)
+    elif isinstance(content, bytes):
+        with open(path, "wb") as f:
+            f.write(content)
+    elif isinstance(content, dict):
+        pq.write_table(pa.table(content), path)
+    else:
+        with open(path, "w") as f:
+            f.write("".join(line + "\n" for line in content))
+
+
+@pytest.mark.parametrize("case", DATA)
+def test_bad_data_file_is_refused_naming_file_and_row(case, places, tmp_path, capsys):
+    row = DATA[case]
+    path = str(tmp_path / row.name)
+    _write(path, row.content)
+    given = "data.val_data" if row.key == "data.val_data" else "data.train_data"
+    overrides = [f"{given}=['{path}']", *row.overrides]
+    if given == "data.val_data":
+        overrides.append(f"data.train_data=['{places['data']}']")
+    message = launch_refused(str(tmp_path / "run"), overrides, capsys)
+    _assert_named(message, row.key, row.fragments)
+    if row.key != "trainer.train_batch_size":
+        assert any(row.name in line for line in message.splitlines() if row.key + ":" in line), message

@@ -1,0 +1,335 @@
+"""Bad configs, one row per mistake: the overrides, the key the refusal must name, and words the same line must hold.
+`tests/rl/core/config/test_config_errors.py` loads each row with `load_config`; the launcher catalogue
+(`tests/rl/trainer/test_bad_input_catalogue.py`) runs each through `rl.launch.train` with its own rows beside them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WORLD_4 = ["trainer.placement.policy_num_gpus_per_node=4", "trainer.placement.ref_num_gpus_per_node=4"]
+MEGATRON = "trainer.policy.megatron_config."
+
+
+@dataclass(frozen=True)
+class Bad:
+    overrides: list[str]
+    key: str
+    """The key the problem line must start with."""
+    fragments: tuple[str, ...] = ()
+    """Text the same line must contain (suggestions, fixes)."""
+    strategy: str | None = None
+    """`--strategy` on the command line."""
+
+
+BAD = {
+    # unknown keys, with suggestions
+    "unknown_top_level": Bad(["trainr.seed=1"], "trainr.seed", ("did you mean 'trainer.seed'?",)),
+    "unknown_nested": Bad(
+        ["trainer.polcy.optimizer_config.lr=1e-6"],
+        "trainer.polcy.optimizer_config.lr",
+        ("did you mean 'trainer.policy.optimizer_config.lr'?",),
+    ),
+    "unknown_leaf": Bad(
+        ["generator.temprature=0.7"],
+        "generator.temprature",
+        ("did you mean 'generator.temperature'?", "valid keys under generator"),
+    ),
+    "unknown_algorithm_key": Bad(
+        ["trainer.algorithm.eps_clip=0.1"], "trainer.algorithm.eps_clip", ("did you mean 'trainer.algorithm.eps_clip_",)
+    ),
+    "key_below_a_leaf": Bad(["trainer.seed.value=1"], "trainer.seed.value", ("trainer.seed is a single value",)),
+    "section_given_a_value": Bad(["trainer.policy=3"], "trainer.policy", ("is a section",)),
+    "not_key_value": Bad(["trainer.seed"], "trainer.seed", ("not a key=value override",)),
+    # wrong types
+    "int_given_text": Bad(["trainer.seed=abc"], "trainer.seed", ("expected an integer", "'abc'")),
+    "int_given_float": Bad(["trainer.seed=1.5"], "trainer.seed", ("expected an integer",)),
+    "int_given_bool": Bad(["trainer.epochs=true"], "trainer.epochs", ("expected an integer",)),
+    "float_given_list": Bad(
+        ["trainer.algorithm.eps_clip_low=[1]"], "trainer.algorithm.eps_clip_low", ("expected a number",)
+    ),
+    "bool_given_maybe": Bad(
+        ["trainer.use_sample_packing=maybe"], "trainer.use_sample_packing", ("expected true or false", "'maybe'")
+    ),
+    "list_given_mapping": Bad(["data.train_data={a: 1}"], "data.train_data", ("expected a list",)),
+    # out of range
+    "negative_lr": Bad(["trainer.policy.optimizer_config.lr=-1e-5"], "trainer.policy.optimizer_config.lr", (">= 0",)),
+    "negative_eps_clip": Bad(["trainer.algorithm.eps_clip_low=-0.1"], "trainer.algorithm.eps_clip_low", (">= 0",)),
+    "zero_temperature": Bad(["generator.temperature=0"], "generator.temperature", ("> 0",)),
+    "zero_top_p": Bad(["generator.top_p=0"], "generator.top_p", ("(0, 1]",)),
+    "top_p_above_one": Bad(["generator.top_p=1.01"], "generator.top_p", ("(0, 1]",)),
+    "zero_top_k": Bad(["generator.top_k=0"], "generator.top_k", ("-1 (off)",)),
+    "zero_samples": Bad(["generator.n_samples_per_prompt=0"], "generator.n_samples_per_prompt", (">= 1",)),
+    "zero_generate_length": Bad(["generator.max_generate_length=0"], "generator.max_generate_length", (">= 1",)),
+    "negative_prompt_length": Bad(["generator.max_prompt_length=-5"], "generator.max_prompt_length", (">= 1",)),
+    "negative_kl_coef": Bad(
+        ["trainer.algorithm.use_kl_loss=true", "trainer.algorithm.kl_loss_coef=-0.1"],
+        "trainer.algorithm.kl_loss_coef",
+        (">= 0",),
+    ),
+    "dual_clip_bound_not_above_one": Bad(
+        ["trainer.algorithm.clip_ratio_c=1.0"], "trainer.algorithm.clip_ratio_c", ("> 1",)
+    ),
+    "gamma_above_one": Bad(["trainer.algorithm.gamma=1.5"], "trainer.algorithm.gamma", ("[0, 1]",)),
+    "zero_max_steps": Bad(["trainer.max_steps=0"], "trainer.max_steps", ("null or",)),
+    "short_betas": Bad(
+        ["trainer.policy.optimizer_config.betas=[0.9]"],
+        "trainer.policy.optimizer_config.betas",
+        ("two numbers in [0, 1)",),
+    ),
+    "empty_train_data": Bad(["data.train_data=[]"], "data.train_data", ("at least one",)),
+    # unknown names
+    "unknown_strategy": Bad(["trainer.strategy=fsdp3"], "trainer.strategy", ("deepspeed, fsdp, fsdp2, megatron",)),
+    "unknown_strategy_flag": Bad([], "trainer.strategy", ("did you mean 'megatron'?",), strategy="megatorn"),
+    "unknown_estimator": Bad(
+        ["trainer.algorithm.advantage_estimator=grpoo"],
+        "trainer.algorithm.advantage_estimator",
+        ("did you mean 'grpo'?",),
+    ),
+    "unknown_kl_estimator": Bad(
+        ["trainer.algorithm.kl_estimator_type=k4"], "trainer.algorithm.kl_estimator_type", ("k1, k2, k3, abs",)
+    ),
+    "unknown_policy_loss": Bad(
+        ["trainer.algorithm.policy_loss_type=dualclip"],
+        "trainer.algorithm.policy_loss_type",
+        ("did you mean 'dual_clip'?",),
+    ),
+    "unknown_reduction": Bad(
+        ["trainer.algorithm.loss_reduction=seq_mean"],
+        "trainer.algorithm.loss_reduction",
+        ("token_mean, sequence_mean, seq_mean_token_sum_norm",),
+    ),
+    "unknown_kernels": Bad(["trainer.kernels=cutlass"], "trainer.kernels", ("auto, torch, triton, cuda",)),
+    "unknown_logger": Bad(["trainer.logger=[console, wandbb]"], "trainer.logger[1]", ("did you mean 'wandb'?",)),
+    "unknown_backend": Bad(["generator.backend=sglang"], "generator.backend", ("hf, vllm",)),
+    "unknown_resume_mode": Bad(["trainer.resume_mode=lastest"], "trainer.resume_mode", ("did you mean 'latest'?",)),
+    "unknown_recompute": Bad(
+        ["trainer.strategy=megatron", MEGATRON + "recompute_granularity=partial"],
+        MEGATRON + "recompute_granularity",
+        ("full, selective",),
+    ),
+    # combinations
+    "train_batch_not_multiple_of_mini": Bad(
+        ["trainer.train_batch_size=20"], "trainer.train_batch_size", ("policy_mini_batch_size=16",)
+    ),
+    "mini_batch_not_split_by_micro": Bad(
+        ["trainer.micro_train_batch_size_per_gpu=5"], "trainer.policy_mini_batch_size", ("= 128 sequences", "= 5")
+    ),
+    "mini_batch_not_split_over_dp": Bad(
+        [
+            *WORLD_4,
+            "trainer.policy_mini_batch_size=2",
+            "trainer.train_batch_size=16",
+            "generator.n_samples_per_prompt=2",
+            "trainer.micro_train_batch_size_per_gpu=2",
+        ],
+        "trainer.policy_mini_batch_size",
+        ("data-parallel size 4",),
+    ),
+    "megatron_tp_pp_not_dividing_world": Bad(
+        [*WORLD_4, "trainer.strategy=megatron", MEGATRON + "tensor_model_parallel_size=3"],
+        MEGATRON + "tensor_model_parallel_size",
+        ("TP 3 * PP 1 = 3 must divide the world size 4", "dense data-parallel size is world / (TP * PP)"),
+    ),
+    "megatron_experts_not_dividing_world": Bad(
+        [
+            *WORLD_4,
+            "trainer.strategy=megatron",
+            MEGATRON + "tensor_model_parallel_size=2",
+            MEGATRON + "expert_model_parallel_size=4",
+        ],
+        MEGATRON + "expert_model_parallel_size",
+        ("TP 2 * EP 4 * PP 1 = 8 must divide the world size 4", "world / (ETP * EP * PP)", "ETP equals TP"),
+    ),
+    "megatron_sequence_parallel_without_tp": Bad(
+        ["trainer.strategy=megatron", MEGATRON + "sequence_parallel=true"],
+        MEGATRON + "sequence_parallel",
+        ("tensor_model_parallel_size > 1",),
+    ),
+    "megatron_with_kernels": Bad(
+        ["trainer.strategy=megatron", "trainer.kernels=triton"],
+        "trainer.kernels",
+        ("uses no rl.kernels implementation; set it to auto",),
+    ),
+    "megatron_with_ulysses": Bad(
+        [*WORLD_4, "trainer.strategy=megatron", "trainer.policy.sequence_parallel_size=2"],
+        "trainer.policy.sequence_parallel_size",
+        ("set it to 1, and use trainer.policy.megatron_config.sequence_parallel=true",),
+    ),
+    "ulysses_not_dividing_world": Bad(
+        [*WORLD_4, "trainer.policy.sequence_parallel_size=3"],
+        "trainer.policy.sequence_parallel_size",
+        ("does not implement Ulysses sequence parallelism yet",),
+    ),
+    "fsdp1_policy_offload": Bad(
+        ["trainer.strategy=fsdp", "trainer.policy.fsdp_config.cpu_offload=true"],
+        "trainer.policy.fsdp_config.cpu_offload",
+        ("no_sync", "trainer.strategy=fsdp2", "trainer.ref.fsdp_config.cpu_offload=true"),
+    ),
+    "megatron_knob_under_fsdp2": Bad(
+        [MEGATRON + "tensor_model_parallel_size=2"],
+        MEGATRON + "tensor_model_parallel_size",
+        ("only applies to trainer.strategy=megatron",),
+    ),
+    "megatron_kwargs_under_deepspeed": Bad(
+        ["trainer.strategy=deepspeed", MEGATRON + "transformer_config_kwargs={num_layers: 2}"],
+        MEGATRON + "transformer_config_kwargs",
+        ("trainer.strategy=megatron",),
+    ),
+    "fsdp_knob_under_megatron": Bad(
+        ["trainer.strategy=megatron", "trainer.policy.fsdp_config.reshard_after_forward=false"],
+        "trainer.policy.fsdp_config.reshard_after_forward",
+        ("fsdp or fsdp2",),
+    ),
+    "ref_fsdp_knob_under_deepspeed": Bad(
+        ["trainer.strategy=deepspeed", "trainer.ref.fsdp_config.cpu_offload=true"],
+        "trainer.ref.fsdp_config.cpu_offload",
+        ("fsdp or fsdp2",),
+    ),
+    "deepspeed_config_under_fsdp2": Bad(
+        ["deepspeed_config.train.zero_optimization.stage=3"], "deepspeed_config.train", ("trainer.strategy=deepspeed",)
+    ),
+    "fsdp_size_not_dividing_world": Bad(
+        [*WORLD_4, "trainer.policy.fsdp_config.fsdp_size=3"],
+        "trainer.policy.fsdp_config.fsdp_size",
+        ("use -1 (whole world)",),
+    ),
+    "ref_fsdp_size_not_dividing_world": Bad(
+        ["trainer.ref.fsdp_config.fsdp_size=2"], "trainer.ref.fsdp_config.fsdp_size", ("ref world size 1",)
+    ),
+    "grpo_one_sample": Bad(
+        ["generator.n_samples_per_prompt=1"], "generator.n_samples_per_prompt", ("every advantage is zero", "2 or more")
+    ),
+    "rloo_one_sample": Bad(
+        ["trainer.algorithm.advantage_estimator=rloo", "generator.n_samples_per_prompt=1"],
+        "generator.n_samples_per_prompt",
+        ("leave-one-out",),
+    ),
+    "engine_tp_not_fitting": Bad(
+        ["generator.backend=vllm", "generator.inference_engine_tensor_parallel_size=2"],
+        "generator.inference_engine_tensor_parallel_size", ("must fit", "policy's 1 devices")),
+    "engine_memory_fraction": Bad(["generator.gpu_memory_utilization=1.5"], "generator.gpu_memory_utilization",
+                                  ("in (0, 1]",)),
+    "engine_count": Bad(["generator.num_inference_engines=0"], "generator.num_inference_engines", (">= 1",)),
+    "unknown_engine_key": Bad(["generator.num_inference_engine=2"], "generator.num_inference_engine",
+                              ("num_inference_engines",)),
+    "off_policy_token_mask_one_bound": Bad(
+        ["trainer.algorithm.off_policy_correction.token_mask_is_threshold_low=0.5"],
+        "trainer.algorithm.off_policy_correction.token_mask_is_threshold_high", ("needs both",)),
+    "off_policy_unknown_tis": Bad(["trainer.algorithm.off_policy_correction.tis_ratio_type=tokens"],
+                                  "trainer.algorithm.off_policy_correction.tis_ratio_type", ("token, sequence",)),
+    "off_policy_bounds_reversed": Bad(
+        ["trainer.algorithm.off_policy_correction.geo_mask_low=1.2"],
+        "trainer.algorithm.off_policy_correction.geo_mask_low", ("must be below",)),
+    # known keys whose feature this version does not run yet
+    "gae_without_critic": Bad(
+        ["trainer.algorithm.advantage_estimator=gae"], "trainer.algorithm.advantage_estimator", ("critic", "grpo")
+    ),
+    "ulysses": Bad(
+        [*WORLD_4, "trainer.policy.sequence_parallel_size=2", "trainer.micro_train_batch_size_per_gpu=2"],
+        "trainer.policy.sequence_parallel_size",
+        ("does not implement Ulysses", "set it to 1"),
+    ),
+    "not_colocated": Bad(
+        ["trainer.placement.colocate_all=false", "trainer.placement.policy_num_gpus_per_node=2"],
+        "trainer.placement.colocate_all",
+        ("set it to true",),
+    ),
+    "token_budget_below_longest_sequence": Bad(
+        ["trainer.max_tokens_per_micro_batch=100", "generator.max_prompt_length=64",
+         "generator.max_generate_length=64"],
+        "trainer.max_tokens_per_micro_batch", ("= 128; raise it to at least 128",)),
+    "infinite_lr": Bad(["trainer.policy.optimizer_config.lr=.inf"], "trainer.policy.optimizer_config.lr",
+                       ("got inf", "a number >= 0")),
+    "nemo_batch_size_without_equivalent": Bad(["algorithm.batch_size=4"], "algorithm.batch_size",
+                                              ("no one-to-one equivalent", "trainer.train_batch_size")),
+    "nemo_max_seq_length_without_equivalent": Bad(["policy.max_seq_length=512"], "policy.max_seq_length",
+                                                  ("generator.max_prompt_length",)),
+    "colocated_with_different_placements": Bad(
+        ["trainer.placement.policy_num_gpus_per_node=2", "trainer.placement.ref_num_gpus_per_node=1"],
+        "trainer.placement.colocate_all",
+        ("trainer.placement.ref_num_gpus_per_node=2",),
+    ),
+    # more values out of range or of the wrong kind
+    "negative_weight_decay": Bad(["trainer.policy.optimizer_config.weight_decay=-0.1"],
+                                 "trainer.policy.optimizer_config.weight_decay", (">= 0",)),
+    "negative_max_grad_norm": Bad(["trainer.policy.optimizer_config.max_grad_norm=-1"],
+                                  "trainer.policy.optimizer_config.max_grad_norm", (">= 0",)),
+    "negative_warmup": Bad(["trainer.policy.optimizer_config.lr_warmup_steps=-3"],
+                           "trainer.policy.optimizer_config.lr_warmup_steps", ("an integer >= 0",)),
+    "beta_above_one": Bad(["trainer.policy.optimizer_config.betas=[0.9, 1.5]"],
+                          "trainer.policy.optimizer_config.betas", ("two numbers in [0, 1)",)),
+    "negative_ckpt_interval": Bad(["trainer.ckpt_interval=-1"], "trainer.ckpt_interval", ("0 turns it off",)),
+    "negative_eval_interval": Bad(["trainer.eval_interval=-2"], "trainer.eval_interval", ("0 turns it off",)),
+    "negative_export_interval": Bad(["trainer.hf_save_interval=-1"], "trainer.hf_save_interval", ("0 turns it off",)),
+    "zero_epochs": Bad(["trainer.epochs=0"], "trainer.epochs", (">= 1",)),
+    "zero_train_batch": Bad(["trainer.train_batch_size=0"], "trainer.train_batch_size", (">= 1",)),
+    "zero_forward_micro_batch": Bad(["trainer.micro_forward_batch_size_per_gpu=0"],
+                                    "trainer.micro_forward_batch_size_per_gpu", (">= 1",)),
+    "zero_token_budget": Bad(["trainer.max_tokens_per_micro_batch=0"], "trainer.max_tokens_per_micro_batch",
+                             ("null or an integer >= 1",)),
+    "zero_fused_chunk": Bad(["trainer.policy.fused_kernel_chunk_size=0"], "trainer.policy.fused_kernel_chunk_size",
+                            ("null or an integer >= 1",)),
+    "fused_kernels_given_text": Bad(["trainer.policy.use_fused_kernels=sometimes"],
+                                    "trainer.policy.use_fused_kernels", ("expected true or false",)),
+    "norm_by_std_given_int": Bad(["trainer.algorithm.grpo_norm_by_std=1"], "trainer.algorithm.grpo_norm_by_std",
+                                 ("expected true or false", "an integer")),
+    "negative_entropy_coef": Bad(["trainer.algorithm.entropy_loss_coef=-1"], "trainer.algorithm.entropy_loss_coef",
+                                 (">= 0",)),
+    "lambda_above_one": Bad(["trainer.algorithm.lambd=2"], "trainer.algorithm.lambd", ("[0, 1]",)),
+    "negative_seed": Bad(["trainer.seed=-1"], "trainer.seed", (">= 0",)),
+    "unknown_sequence_mask": Bad(["trainer.algorithm.off_policy_correction.sequence_mask_metric=median"],
+                                 "trainer.algorithm.off_policy_correction.sequence_mask_metric",
+                                 ("geometric, product",)),
+    "product_mask_bounds_reversed": Bad(["trainer.algorithm.off_policy_correction.product_mask_low=3"],
+                                        "trainer.algorithm.off_policy_correction.product_mask_low",
+                                        ("must be below",)),
+    "zero_sync_bucket": Bad(["generator.weight_sync_bucket_mb=0"], "generator.weight_sync_bucket_mb", (">= 1",)),
+    "zero_engine_sequences": Bad(["generator.max_num_seqs=0"], "generator.max_num_seqs", (">= 1",)),
+    "zero_engine_tokens": Bad(["generator.max_num_batched_tokens=0"], "generator.max_num_batched_tokens", (">= 1",)),
+    "zero_eval_samples": Bad(["generator.eval_n_samples_per_prompt=0"], "generator.eval_n_samples_per_prompt",
+                             (">= 1",)),
+    "negative_eval_temperature": Bad(["generator.eval_temperature=-1"], "generator.eval_temperature",
+                                     ("0 = greedy decoding",)),
+    "prefix_caching_given_text": Bad(["generator.enable_prefix_caching=perhaps"], "generator.enable_prefix_caching",
+                                     ("expected true or false",)),
+    "empty_prompt_key": Bad(["data.prompt_key="], "data.prompt_key", ("expected a string, got null",)),
+    "empty_model_path": Bad(["trainer.policy.model.path="], "trainer.policy.model.path",
+                            ("expected a string, got null",)),
+    "zero_nodes": Bad(["trainer.placement.policy_num_nodes=0"], "trainer.placement.policy_num_nodes", (">= 1",)),
+    "zero_devices": Bad(["trainer.placement.policy_num_gpus_per_node=0"],
+                        "trainer.placement.policy_num_gpus_per_node", (">= 1",)),
+    "no_logger": Bad(["trainer.logger=[]"], "trainer.logger", ("console, tensorboard, wandb",)),
+    "zero_fsdp_size": Bad(["trainer.policy.fsdp_config.fsdp_size=0"], "trainer.policy.fsdp_config.fsdp_size",
+                          ("-1 (whole world)",)),
+    "resume_path_missing": Bad(["trainer.resume_mode=/nonexistent/global_step_3"], "trainer.resume_mode",
+                               ("neither none nor latest nor an existing checkpoint directory",)),
+    "ref_model_key": Bad(["trainer.ref.model.path=x"], "trainer.ref.model.path", ("valid keys under trainer.ref",)),
+    # NeMo RL spellings
+    "nemo_gpus_per_node_given_text": Bad(["cluster.gpus_per_node=two"], "trainer.placement.policy_num_gpus_per_node",
+                                         ("expected an integer",)),
+    "nemo_megatron_switch_given_text": Bad(["policy.megatron_cfg.enabled=maybe"], "policy.megatron_cfg.enabled",
+                                           ("expected true or false",)),
+    "nemo_accumulation_without_equivalent": Bad(["algorithm.gradient_accumulation_steps=4"],
+                                                "algorithm.gradient_accumulation_steps",
+                                                ("trainer.micro_train_batch_size_per_gpu",)),
+    # strategy blocks, checked by the libraries' own definitions
+    "deepspeed_stage_7": Bad(["trainer.strategy=deepspeed", "deepspeed_config.train.zero_optimization.stage=7"],
+                             "deepspeed_config.train.zero_optimization.stage", ("DeepSpeed refuses it",)),
+    "deepspeed_misspelt_section": Bad(
+        ["trainer.strategy=deepspeed", "deepspeed_config.train.zero_optimisation.stage=2"],
+        "deepspeed_config.train.zero_optimisation", ("did you mean 'zero_optimization'?",)),
+    "deepspeed_unknown_zero_knob": Bad(
+        ["trainer.strategy=deepspeed", "deepspeed_config.train.zero_optimization.stage3_prefetch_bucket=5"],
+        "deepspeed_config.train.zero_optimization.stage3_prefetch_bucket", ("DeepSpeed refuses it",)),
+    "megatron_unknown_transformer_field": Bad(
+        ["trainer.strategy=megatron", MEGATRON + "transformer_config_kwargs={no_such_field: 1}"],
+        MEGATRON + "transformer_config_kwargs.no_such_field", ("not a field of megatron-core's TransformerConfig",)),
+    "megatron_recompute_module": Bad(
+        ["trainer.strategy=megatron", MEGATRON + "transformer_config_kwargs={recompute_modules: [ffn]}"],
+        MEGATRON + "transformer_config_kwargs.recompute_modules", ("megatron-core refuses it",)),
+    "megatron_interleaving_without_pipeline": Bad(
+        ["trainer.strategy=megatron", MEGATRON + "virtual_pipeline_model_parallel_size=2"],
+        MEGATRON + "virtual_pipeline_model_parallel_size", ("needs pipeline_model_parallel_size > 1",)),
+    "megatron_zero_tp": Bad(["trainer.strategy=megatron", MEGATRON + "tensor_model_parallel_size=0"],
+                            MEGATRON + "tensor_model_parallel_size", (">= 1",)),
+}
