@@ -50,10 +50,12 @@ MACHINE = {
     "unknown_reward": Bad(["data.reward_fn=gsm9k"], "data.reward_fn", ("Did you mean 'gsm8k'?",)),
     "resume_from_a_directory_that_is_no_checkpoint": Bad(["trainer.resume_mode={notckpt}"], "trainer.resume_mode",
                                                          ("not a complete checkpoint",)),
-    "megatron_tp_not_dividing_heads": Bad([*MEGATRON_ON_4, MEGATRON + "tensor_model_parallel_size=4"],
-                                          MEGATRON + "tensor_model_parallel_size", ("must divide the model's 14 attention heads",)),
-    "megatron_pp_not_dividing_layers": Bad([*MEGATRON_ON_4, MEGATRON + "pipeline_model_parallel_size=4"],
-                                           MEGATRON + "pipeline_model_parallel_size", ("must divide the model's 6 layers",)),
+    "megatron_tp_not_dividing_heads": Bad(
+        [*MEGATRON_ON_4, MEGATRON + "tensor_model_parallel_size=4"], MEGATRON + "tensor_model_parallel_size",
+        ("must divide the model's 14 attention heads",)),
+    "megatron_pp_not_dividing_layers": Bad(
+        [*MEGATRON_ON_4, MEGATRON + "pipeline_model_parallel_size=4"], MEGATRON + "pipeline_model_parallel_size",
+        ("must divide the model's 6 layers",)),
     "unknown_strategy_flag_with_a_model": Bad(["trainer.policy.model.path={model}"], "trainer.strategy",
                                               ("did you mean 'fsdp'?",), strategy="fsdp3"),
 }
