@@ -13,6 +13,7 @@ import socket
 import torch
 
 from rl.backends.base import DataParallelRank, ModelSpec
+from rl.backends.cores import pin_to_assigned_cores
 from rl.backends.dist import init_distributed
 from rl.backends.lifeline import exit_with_parent
 from rl.backends.registry import build_backend
@@ -23,6 +24,7 @@ from rl.core.packing import PackedBatch
 class TrainingWorker:
     def __init__(self, rank: int, world_size: int, seed: int):
         exit_with_parent()
+        pin_to_assigned_cores()
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.policy = self.ref = None
 

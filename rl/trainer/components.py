@@ -11,6 +11,7 @@ from rl.backends.registry import STRATEGIES
 from rl.core.data import PromptRecord, load_prompt_dataset
 from rl.core.generation import SamplingParams, build_engine
 from rl.trainer.engines import RemoteEngines
+from rl.trainer.placement import Placement, machine_cores, make_plan
 from rl.trainer.worker_group import WorkerGroup
 
 
@@ -38,20 +39,37 @@ def load_datasets(cfg, train_paths: list[str], val_paths: list[str]):
     return train, val
 
 
-def make_engine(cfg, model_path: str, tokenizer):
-    """`hf`: the engine in the driver process, on the first GPU when there is one (colocated with the training
-    workers: the trainer offloads it to host memory while they work), else on the CPU. `vllm`: engine actors
-    (`engines.RemoteEngines`) built with the `generator.*` engine keys."""
+ACTOR_ENV = {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def make_placement(cfg) -> Placement:
+    return Placement(make_plan(cfg, torch.cuda.is_available(), machine_cores()), ACTOR_ENV)
+
+
+def make_engine(cfg, model_path: str, tokenizer, placement: Placement):
+    """Colocated `hf`: the engine in the driver process, on the first GPU when there is one (the trainer offloads
+    it to host memory while the workers use the device), else on the CPU. Otherwise engine actors
+    (`engines.RemoteEngines`): colocated vLLM engines share the workers' devices; with colocate_all=false every
+    engine sits in a bundle of its own."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = cfg.generator
-    if gen.backend == "hf":
+    if gen.backend == "hf" and not placement.plan.engines:
         return build_engine("hf", model_path, tokenizer, device=device)
-    kwargs = dict(device=device, tensor_parallel_size=gen.inference_engine_tensor_parallel_size,
-                  gpu_memory_utilization=gen.gpu_memory_utilization, enable_prefix_caching=gen.enable_prefix_caching,
-                  max_num_batched_tokens=gen.max_num_batched_tokens, max_num_seqs=gen.max_num_seqs,
-                  max_model_len=gen.max_prompt_length + gen.max_generate_length, seed=cfg.trainer.seed)
-    env = {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
-    return RemoteEngines(gen.backend, model_path, gen.num_inference_engines, kwargs, env)
+    kwargs = dict(device=device)
+    if gen.backend == "vllm":
+        kwargs.update(tensor_parallel_size=gen.inference_engine_tensor_parallel_size,
+                      gpu_memory_utilization=gen.gpu_memory_utilization,
+                      enable_prefix_caching=gen.enable_prefix_caching,
+                      max_num_batched_tokens=gen.max_num_batched_tokens, max_num_seqs=gen.max_num_seqs,
+                      max_model_len=gen.max_prompt_length + gen.max_generate_length, seed=cfg.trainer.seed)
+    if placement.plan.engines:
+        options = placement.engine_options
+    else:  # sharing the workers' devices (sleep mode frees them while the workers train)
+        tp = gen.inference_engine_tensor_parallel_size
+        gpu = torch.cuda.is_available()
+        options = lambda _: {"num_cpus": 0, "num_gpus": 0.01 * tp if gpu else 0,  # noqa: E731
+                             "runtime_env": {"env_vars": ACTOR_ENV}}
+    return RemoteEngines(gen.backend, model_path, gen.num_inference_engines, kwargs, options)
 
 
 def model_specs(cfg, model_path: str) -> tuple[ModelSpec, ModelSpec | None]:
@@ -70,10 +88,14 @@ def model_specs(cfg, model_path: str) -> tuple[ModelSpec, ModelSpec | None]:
     return policy, ModelSpec(role="ref", backend_options=strategy.backend_options(cfg, "ref"), **common)
 
 
-def make_worker_group(cfg, model_path: str, world_size: int) -> WorkerGroup:
-    cores = os.cpu_count() or 1
-    threads = 1 if torch.cuda.is_available() else max(1, cores // world_size)
-    group = WorkerGroup(world_size, seed=cfg.trainer.seed, threads_per_worker=threads)
+def make_worker_group(cfg, model_path: str, world_size: int, placement: Placement) -> WorkerGroup:
+    if placement.plan.worker_cores:
+        options = placement.worker_options  # pinned to the cores the engines leave
+    else:
+        threads = 1 if torch.cuda.is_available() else max(1, (os.cpu_count() or 1) // world_size)
+        options = lambda rank: {**placement.worker_options(rank),  # noqa: E731
+                                "runtime_env": {"env_vars": {**ACTOR_ENV, "OMP_NUM_THREADS": str(threads)}}}
+    group = WorkerGroup(world_size, seed=cfg.trainer.seed, options=options)
     policy, ref = model_specs(cfg, model_path)
     group.setup(STRATEGIES.get(cfg.trainer.strategy).backend, policy, ref)
     return group

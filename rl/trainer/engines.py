@@ -1,34 +1,54 @@
-"""Generation engines in Ray actors (`generator.backend=vllm`): `generator.num_inference_engines` of them, the
-prompts of a call split evenly between them, and the weights pushed to them by the training workers' rank 0 in
-buckets (`rl.backends.weight_sync`), never through the driver."""
+"""Generation engines in Ray actors (`generator.backend=vllm`, or any engine with
+`trainer.placement.colocate_all=false`): `generator.num_inference_engines` of them, the prompts of a call split
+evenly between them, and the weights pushed to them by the training workers' rank 0 in buckets
+(`rl.backends.weight_sync`), never through the driver. Calls can be started and collected later
+(`submit`/`collect`), which is how generation overlaps training (`rl.trainer.rollout_queue`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from rl.backends.cores import pin_to_assigned_cores
 from rl.backends.lifeline import exit_with_parent
 from rl.core.generation import GenerationEngine, Rollout, SamplingParams, build_engine
 
 
 class EngineActor:
-    """One engine of `GENERATION_ENGINES`, built in the actor."""
+    """One engine of `GENERATION_ENGINES`, built in the actor. It counts the weight updates it has received (the
+    policy version its rollouts come from) and refuses to generate in the middle of one."""
 
     def __init__(self, name: str, model_path: str, kwargs: dict[str, Any]):
         exit_with_parent()
+        self.cores = pin_to_assigned_cores()
         self.engine = build_engine(name, model_path, model_path, **kwargs)
+        self.version, self.updating = 0, False
 
     def where(self) -> str:
         import socket
 
-        return f"{socket.gethostname()} ({self.engine.device})"
+        cores = f", CPU cores {list(self.cores)}" if self.cores else ""
+        return f"{socket.gethostname()} ({self.engine.device}{cores})"
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
-        return self.engine.generate(prompts, params)
+        return self.generate_versioned(prompts, params)[1]
+
+    def generate_versioned(self, prompts: list[list[int]], params: SamplingParams) -> tuple[int, list[Rollout]]:
+        """(the policy version of the weights used, the rollouts)."""
+        if self.updating:
+            raise RuntimeError("generate called in the middle of a weight update (the driver must order them)")
+        return self.version, self.engine.generate(prompts, params)
+
+    def begin_update(self) -> None:
+        self.updating = True
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         self.engine.update_weights(named_tensors)
+
+    def finish_update(self, version: int) -> None:
+        self.version, self.updating = version, False
 
     def offload(self) -> None:
         self.engine.offload()
@@ -40,33 +60,52 @@ class EngineActor:
 class RemoteEngines(GenerationEngine):
     """The driver's view of the engine actors: one `GenerationEngine` whose calls fan out to all of them."""
 
-    def __init__(self, name: str, model_path: str, count: int, kwargs: dict[str, Any], env: dict[str, str]):
+    def __init__(self, name: str, model_path: str, count: int, kwargs: dict[str, Any],
+                 options: Callable[[int], dict[str, Any]]):
+        """`options(i)`: the Ray actor options that place engine i (`rl.trainer.placement`)."""
         import ray
 
-        use_gpu = torch.cuda.is_available()
-        tp = kwargs.get("tensor_parallel_size", 1)
-        # colocated: an engine shares its devices with training workers (sleep mode frees them while they train)
-        actor = ray.remote(EngineActor).options(num_cpus=0, num_gpus=0.01 * tp if use_gpu else 0,
-                                                runtime_env={"env_vars": env})
-        self.actors = [actor.remote(name, model_path, kwargs) for _ in range(count)]
+        actor = ray.remote(EngineActor)
+        self.actors = [actor.options(**options(i)).remote(name, model_path, kwargs) for i in range(count)]
         self.places = ray.get([a.where.remote() for a in self.actors])
         self.device = ", ".join(f"engine {i}: {place}" for i, place in enumerate(self.places))
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
-        """Prompts split into contiguous shares, one per engine; rollouts back in prompt-major order with the
-        prompt indices of the whole call."""
-        import ray
+        return self.collect(self.submit(prompts, params))[1]
 
+    def submit(self, prompts: list[list[int]], params: SamplingParams) -> list[tuple[int, Any]]:
+        """Starts a call without waiting: the prompts split into contiguous shares, one per engine; returns
+        (first prompt index, pending result) per share."""
         share = -(-len(prompts) // len(self.actors))
         starts = list(range(0, len(prompts), share)) if prompts else []
-        parts = ray.get([a.generate.remote(prompts[s:s + share], params) for a, s in zip(self.actors, starts,
-                                                                                          strict=False)])
-        rollouts = []
-        for start, part in zip(starts, parts, strict=True):
+        return [(start, actor.generate_versioned.remote(prompts[start:start + share], params))
+                for actor, start in zip(self.actors, starts, strict=False)]
+
+    @staticmethod
+    def collect(pending: list[tuple[int, Any]]) -> tuple[list[int], list[Rollout]]:
+        """Waits for a submitted call: (each share's policy version, the rollouts in prompt-major order with the
+        prompt indices of the whole call)."""
+        import ray
+
+        parts = ray.get([ref for _, ref in pending])
+        versions, rollouts = [], []
+        for (start, _), (version, part) in zip(pending, parts, strict=True):
+            versions.append(version)
             for rollout in part:
                 rollout.prompt_index += start
                 rollouts.append(rollout)
-        return rollouts
+        return versions, rollouts
+
+    def begin_update(self) -> None:
+        """Waits for the calls already submitted to finish, then marks every engine as being updated."""
+        import ray
+
+        ray.get([a.begin_update.remote() for a in self.actors])
+
+    def finish_update(self, version: int) -> None:
+        import ray
+
+        ray.get([a.finish_update.remote(version) for a in self.actors])
 
     def update_weights(self, named_tensors) -> None:
         import ray

@@ -1,5 +1,6 @@
 """The GRPO/PPO training loop: rollouts -> rewards -> logprobs -> advantages -> policy update -> weights to the
-generation engine, with validation, checkpoints and Hugging Face exports at their intervals."""
+generation engine, with validation, checkpoints and Hugging Face exports at their intervals. With
+`trainer.fully_async` the rollouts of the next steps are generated while a step trains (`RolloutQueue`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from rl.trainer.faults import crash_point
 from rl.trainer.metrics import MetricsLogger
 from rl.trainer.policy_update import compute_logprobs, is_on_policy, micro_batching, update_policy
 from rl.trainer.rollout_mismatch import measure_and_correct, skips_old_logprob_pass
+from rl.trainer.rollout_queue import RolloutQueue
 from rl.trainer.sources import resolve_sources
 from rl.trainer.weight_sync import make_weight_sync
 
@@ -34,10 +36,12 @@ class Trainer:
         self.train_set, self.val_set = components.load_datasets(cfg, sources.train_data, sources.val_data)
         self.reward_fn = REWARD_FUNCTIONS.get(cfg.data.reward_fn)
         self.settings = LossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
-        self.engine = components.make_engine(cfg, self.model_path, self.tokenizer)
+        self.placement = components.make_placement(cfg)
+        print(f"placement: {self.placement.describe()}", flush=True)
+        self.engine = components.make_engine(cfg, self.model_path, self.tokenizer, self.placement)
         print(f"generation: {cfg.generator.backend} engine on {self.engine.device}", flush=True)
         self.world = policy_world_size(cfg)
-        self.group = components.make_worker_group(cfg, self.model_path, self.world)
+        self.group = components.make_worker_group(cfg, self.model_path, self.world, self.placement)
         self.weight_sync = make_weight_sync(cfg, self.group, self.engine)
         pad = self.tokenizer.pad_token_id or 0
         self.forward_batching = micro_batching(cfg, self.group.dp_size, pad, train=False)
@@ -47,7 +51,11 @@ class Trainer:
         self.ckpt_root = cfg.trainer.ckpt_path or os.path.join(run_dir, "checkpoints")
         self.metrics = MetricsLogger(run_dir, list(cfg.trainer.logger), cfg.trainer.project_name,
                                      cfg.trainer.run_name, config_to_dict(cfg))
-        self.position = BatchPosition(0, 0)
+        self.position = BatchPosition(0, 0)  # after the last trained batch: what a checkpoint saves
+        self.draw_position = self.position
+        asynchronous = cfg.trainer.fully_async
+        self.rollout_queue = (RolloutQueue(self.engine, self.draw_batch, self.encode_batch, self.step_params,
+                                           asynchronous.max_staleness_steps) if asynchronous.enabled else None)
         self.current_step = 0  # the step in progress (for the message of an interrupted run)
 
     @property
@@ -61,6 +69,9 @@ class Trainer:
         if start == 0 and self.cfg.trainer.eval_before_train and self.val_set is not None:
             self.metrics.log({"step": 0, "val_accuracy": self.evaluate(0)})
         trainer = self.cfg.trainer
+        if self.rollout_queue is not None:
+            self.draw_position = self.position
+            self.rollout_queue.start(start + 1, engine_version=start)
         for step in range(start + 1, self.total_steps + 1):
             self.current_step = step
             row = self.train_step(step)
@@ -73,18 +84,37 @@ class Trainer:
                 self.export(step)
         self.metrics.close()
 
-    def next_prompts(self):
-        batches = iter_batches(self.train_set, self.cfg.trainer.train_batch_size, self.cfg.trainer.seed,
-                               self.position.epoch, self.position.index)
-        batch = next(batches)
+    def draw_batch(self):
+        """The next prompt batch after `draw_position` (ahead of `position`, the last trained one, when batches
+        are queued)."""
+        position = self.draw_position
+        batch = next(iter_batches(self.train_set, self.cfg.trainer.train_batch_size, self.cfg.trainer.seed,
+                                  position.epoch, position.index))
+        self.draw_position = batch.next_position
+        return batch
+
+    def encode_batch(self, batch) -> list[list[int]]:
+        length = self.cfg.generator.max_prompt_length
+        return [components.encode_prompt(self.tokenizer, r, length) for r in batch.records]
+
+    def step_params(self, step: int):
+        return components.sampling_params(self.cfg.generator, _seed(self.cfg, step))
+
+    def rollouts_for(self, step: int):
+        """(prompt records, rollouts, queue metrics) of `step`: generated now, or taken from the queue."""
+        if self.rollout_queue is None:
+            self.draw_position = self.position
+            batch = self.draw_batch()
+            rollouts, queue_row = self.generate(self.encode_batch(batch), self.step_params(step)), {}
+        else:
+            self.rollout_queue.fill(self.total_steps)
+            batch, rollouts, queue_row = self.rollout_queue.take(step)
         self.position = batch.next_position
-        return batch.records
+        return batch.records, rollouts, queue_row
 
     def train_step(self, step: int) -> dict:
         cfg, started = self.cfg, time.perf_counter()
-        records = self.next_prompts()
-        prompts = [components.encode_prompt(self.tokenizer, r, cfg.generator.max_prompt_length) for r in records]
-        rollouts = self.generate(prompts, components.sampling_params(cfg.generator, _seed(cfg, step)))
+        records, rollouts, queue_row = self.rollouts_for(step)
         generated = time.perf_counter()
         rewards = score(rollouts, [r.answer for r in records], self.reward_fn)
         algo = cfg.trainer.algorithm
@@ -98,8 +128,9 @@ class Trainer:
         mini = cfg.trainer.policy_mini_batch_size * cfg.generator.n_samples_per_prompt
         row = update_policy(self.group, self.train_batching, self.settings, experience, mini)
         row.update(mismatch)
+        row.update(queue_row)
         updated = time.perf_counter()
-        row.update(self.sync_weights())
+        row.update(self.sync_weights(step))
         finished = time.perf_counter()
         elapsed = finished - started
         tokens = sum(len(seq["input_ids"]) for seq in experience.sequences)
@@ -110,16 +141,22 @@ class Trainer:
         return row
 
     def generate(self, prompts: list[list[int]], params) -> list:
-        """Rollouts with the engine brought back for the call and offloaded afterwards, so that on a GPU the
-        training workers sharing its device have the memory while they run (on CPU both are bookkeeping only)."""
+        """Rollouts. An engine sharing the workers' devices is brought back for the call and offloaded afterwards,
+        so that on a GPU the workers have the memory while they run (on CPU both are bookkeeping only)."""
+        if self.placement.plan.engines:
+            return self.engine.generate(prompts, params)
         self.engine.reload()
         try:
             return self.engine.generate(prompts, params)
         finally:
             self.engine.offload()
 
-    def sync_weights(self) -> dict[str, float]:
-        return self.weight_sync.sync()
+    def sync_weights(self, version: int) -> dict[str, float]:
+        """The policy after `version` updates to the engines."""
+        sent = self.weight_sync.sync(version)
+        if self.rollout_queue is not None:
+            self.rollout_queue.weights_updated(version)
+        return sent
 
     @torch.no_grad()
     def evaluate(self, step: int) -> float:
@@ -158,7 +195,7 @@ class Trainer:
         self.group.call("load_checkpoint", path)
         self.position = BatchPosition(state["epoch"], state["index"])
         self.metrics.truncate_after(state["step"])
-        self.sync_weights()
+        self.sync_weights(int(state["step"]))
         print(f"resumed from {path} (step {state['step']})", flush=True)
         return int(state["step"])
 

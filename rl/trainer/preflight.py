@@ -1,8 +1,8 @@
 """What must hold on this machine before a run spends anything (Ray, a model load, the embedded warm-up): the prompt
 files read and hold the configured keys and enough prompts, the model path exists when it is local, the reward is
 registered, checkpoints and exports can be written where the config says, a checkpoint to resume is complete, intact
-and of this strategy, and the kernels `trainer.kernels` names can run here. Every problem is reported at once as a
-ConfigError naming the key."""
+and of this strategy, the kernels `trainer.kernels` names can run here, and the placement fits this machine. Every
+problem is reported at once as a ConfigError naming the key."""
 
 from __future__ import annotations
 
@@ -138,9 +138,16 @@ def _kernel_problems(cfg, ray_address: str | None) -> list[str]:
             "(torch on CPU) or torch"]
 
 
+def _placement_problems(cfg, ray_address: str | None) -> list[str]:
+    from rl.trainer.placement import fit_problems, machine_cores
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return fit_problems(cfg, gpus, machine_cores(), remote=ray_address is not None)
+
+
 def preflight(cfg, ray_address: str | None = None) -> None:
     """Raises ConfigError listing every problem found (see the module docstring)."""
     problems = [*_data_problems(cfg), *_model_problems(cfg), *_reward_problems(cfg), *_resume_problems(cfg),
-                *_writable_problems(cfg), *_kernel_problems(cfg, ray_address)]
+                *_writable_problems(cfg), *_kernel_problems(cfg, ray_address), *_placement_problems(cfg, ray_address)]
     if problems:
         raise ConfigError(problems)

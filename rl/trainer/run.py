@@ -45,14 +45,17 @@ def prepare_run_dir(run_dir: str, resume_mode: str) -> str:
 def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None) -> str:
     """Trains as configured; returns the run directory. What this machine must provide is checked first
     (`preflight`: nothing is created before it passes); Ray is shut down on success, error and Ctrl-C."""
+    import torch
+
     from rl.trainer.loop import Trainer
+    from rl.trainer.placement import machine_cores, make_plan
     from rl.trainer.worker_group import start_ray, stop_ray
 
     preflight(cfg, ray_address)
     run_dir = prepare_run_dir(run_dir or default_run_dir(), cfg.trainer.resume_mode)
     save_config(cfg, os.path.join(run_dir, "config.yaml"))
     print(f"run directory: {run_dir}", flush=True)
-    start_ray(run_dir, ray_address)
+    start_ray(run_dir, ray_address, slots=make_plan(cfg, torch.cuda.is_available(), machine_cores()).slots)
     trainer = None
     try:
         trainer = Trainer(cfg, run_dir)

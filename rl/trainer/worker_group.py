@@ -1,18 +1,16 @@
 """Training workers as Ray actors forming one torch.distributed group (gloo on CPU, nccl on GPU).
 
 The launcher starts a local Ray instance with its files in the run directory unless an address is given, and always
-shuts Ray down: on success, on error and on Ctrl-C. Without GPUs a placement "GPU" is one worker process.
+shuts Ray down: on success, on error and on Ctrl-C. Where each worker sits is `rl.trainer.placement`'s decision.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from rl.backends.base import DataParallelRank
 
@@ -32,7 +30,9 @@ def _ray_temp_dir(run_dir: str) -> str:
     return short
 
 
-def start_ray(run_dir: str, address: str | None) -> None:
+def start_ray(run_dir: str, address: str | None, slots: int = 0) -> None:
+    """A local Ray instance (files in the run directory) with at least `slots` logical CPUs: on a machine without
+    GPUs a placement bundle's device is one of them. With `address`, joins that cluster instead."""
     import ray
 
     if ray.is_initialized():
@@ -42,7 +42,7 @@ def start_ray(run_dir: str, address: str | None) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
         return
-    ray.init(_temp_dir=_ray_temp_dir(run_dir), include_dashboard=False, num_cpus=max(os.cpu_count() or 1, 2),
+    ray.init(_temp_dir=_ray_temp_dir(run_dir), include_dashboard=False, num_cpus=max(os.cpu_count() or 1, 2, slots),
              log_to_driver=True, configure_logging=False)
 
 
@@ -77,18 +77,14 @@ class DataParallelLayout:
 class WorkerGroup:
     """`num_workers` TrainingWorker actors; `call` runs one method on all of them and returns rank-ordered results."""
 
-    def __init__(self, num_workers: int, seed: int, threads_per_worker: int):
+    def __init__(self, num_workers: int, seed: int, options: Callable[[int], dict[str, Any]]):
+        """`options(rank)`: the Ray actor options that place rank `rank` (`rl.trainer.placement`)."""
         import ray
 
         from rl.backends.worker import TrainingWorker
 
-        use_gpu = torch.cuda.is_available()
-        env = {"OMP_NUM_THREADS": str(threads_per_worker), "RAY_AUTH_MODE": "disabled",
-               "TOKENIZERS_PARALLELISM": "false"}
-        actor = ray.remote(TrainingWorker).options(
-            num_cpus=0 if not use_gpu else 1, num_gpus=1 if use_gpu else 0, runtime_env={"env_vars": env}
-        )
-        self.actors = [actor.remote(rank, num_workers, seed) for rank in range(num_workers)]
+        actor = ray.remote(TrainingWorker)
+        self.actors = [actor.options(**options(rank)).remote(rank, num_workers, seed) for rank in range(num_workers)]
         self.size = num_workers
 
     def setup(self, backend: str, policy_spec, ref_spec) -> None:

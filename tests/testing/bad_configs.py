@@ -229,11 +229,14 @@ BAD = {
         "trainer.policy.sequence_parallel_size",
         ("does not implement Ulysses", "set it to 1"),
     ),
-    "not_colocated": Bad(
-        ["trainer.placement.colocate_all=false", "trainer.placement.policy_num_gpus_per_node=2"],
-        "trainer.placement.colocate_all",
-        ("set it to true",),
-    ),
+    "separate_reference_devices": Bad(
+        ["trainer.placement.colocate_all=false", "trainer.placement.policy_num_gpus_per_node=2",
+         "trainer.placement.ref_num_gpus_per_node=1"],
+        "trainer.placement.ref_num_gpus_per_node", ("runs on the policy's workers",)),
+    "async_colocated": Bad(["trainer.fully_async.enabled=true"], "trainer.fully_async.enabled",
+                           ("trainer.placement.colocate_all=false",)),
+    "negative_staleness": Bad(["trainer.fully_async.max_staleness_steps=-1"],
+                              "trainer.fully_async.max_staleness_steps", (">= 0",)),
     "token_budget_below_longest_sequence": Bad(
         ["trainer.max_tokens_per_micro_batch=100", "generator.max_prompt_length=64",
          "generator.max_generate_length=64"],

@@ -66,16 +66,30 @@ def check_group_advantages(cfg: Config, problems: Problems) -> None:
 
 
 def check_colocation(cfg: Config, problems: Problems) -> None:
-    """colocate_all puts policy and reference on the same devices, so their placements must be equal."""
+    """The reference model runs on the policy's workers (with colocate_all, on the same devices as everything), so
+    their placements must be equal; overlapping generation with training needs engines on devices of their own."""
     placement = cfg.trainer.placement
     policy = (placement.policy_num_nodes, placement.policy_num_gpus_per_node)
     ref = ref_placement(cfg)
+    fix = (f"set trainer.placement.ref_num_nodes={policy[0]} and trainer.placement.ref_num_gpus_per_node="
+           f"{policy[1]} (or leave both null)")
     if placement.colocate_all and policy != ref:
         problems.add(
             "trainer.placement.colocate_all",
             f"is true but the reference placement {ref[0]}x{ref[1]} (ref_num_nodes x ref_num_gpus_per_node) "
-            f"differs from the policy's {policy[0]}x{policy[1]}; set trainer.placement.ref_num_nodes="
-            f"{policy[0]} and trainer.placement.ref_num_gpus_per_node={policy[1]} (or leave both null)",
+            f"differs from the policy's {policy[0]}x{policy[1]}; {fix}",
+        )
+    elif policy != ref:
+        problems.add(
+            "trainer.placement.ref_num_gpus_per_node",
+            f"gives the reference model {ref[0]}x{ref[1]} devices, but it runs on the policy's workers "
+            f"({policy[0]}x{policy[1]}); a reference group of its own is not implemented; {fix}",
+        )
+    if cfg.trainer.fully_async.enabled and placement.colocate_all:
+        problems.add(
+            "trainer.fully_async.enabled",
+            "is true, but with trainer.placement.colocate_all=true the engines share the workers' devices and wait "
+            "for them; set trainer.placement.colocate_all=false to give the engines devices of their own",
         )
 
 
@@ -101,6 +115,8 @@ def check_engine_devices(cfg: Config, problems: Problems) -> None:
     gen = cfg.generator
     if gen.backend != "vllm" or min(gen.num_inference_engines, gen.inference_engine_tensor_parallel_size) < 1:
         return
+    if not cfg.trainer.placement.colocate_all:
+        return  # devices of their own: whether the cluster has them is checked before Ray starts
     from rl.core.config.parallel import policy_world_size
 
     world, per_engine = policy_world_size(cfg), gen.inference_engine_tensor_parallel_size

@@ -1,7 +1,7 @@
 """Keys users bring from SkyRL and NeMo RL whose feature this version does not run yet.
 
 Each is refused when the config loads, naming the key and what to set instead: accepting the value would start a
-run that ignores it (a plain data-parallel run instead of Ulysses, a colocated one instead of separate devices) or
+run that ignores it (a plain data-parallel run instead of Ulysses) or
 that fails only after models, Ray and the first rollouts (a GAE step with no critic, a missing vLLM engine).
 """
 
@@ -24,10 +24,4 @@ def check_unsupported(cfg: Config, problems: Problems) -> None:
             "trainer.algorithm.advantage_estimator",
             "is gae, which needs a critic (value model), and no backend trains one yet; choose grpo, rloo or "
             "reinforce++",
-        )
-    if not trainer.placement.colocate_all:
-        problems.add(
-            "trainer.placement.colocate_all",
-            "is false, but in this version the reference model runs on the policy's workers and the generation "
-            "engine in the driver, whatever the placement says; set it to true",
         )

@@ -43,6 +43,8 @@ KEY_MAP: dict[str, str] = {
     "grpo.val_at_start": "trainer.eval_before_train",
     "grpo.normalize_rewards": _ALGORITHM + "grpo_norm_by_std",
     "grpo.seed": "trainer.seed",
+    "grpo.async_grpo.enabled": "trainer.fully_async.enabled",
+    "grpo.async_grpo.max_trajectory_age_steps": "trainer.fully_async.max_staleness_steps",
     "loss_fn.reference_policy_kl_penalty": _ALGORITHM + "kl_loss_coef",
     "loss_fn.ratio_clip_min": _ALGORITHM + "eps_clip_low",
     "loss_fn.ratio_clip_max": _ALGORITHM + "eps_clip_high",

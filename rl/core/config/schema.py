@@ -78,9 +78,11 @@ class PlacementConfig:
     """How many nodes and devices each model gets. On CPU one "GPU" is one worker process."""
 
     colocate_all: bool
-    """Put the policy, the reference model and the generator on the same devices and take turns. Needs the same
-    placement for policy and reference: leave ref_* null. Only `true` is accepted for now: separate devices per
-    model are not implemented yet."""
+    """`true`: the policy, the reference model and the generation engines share devices and take turns (the HF
+    engine in the driver, vLLM engines sleeping while the workers train). `false`: the engines get devices of their
+    own (`generator.num_inference_engines` x `inference_engine_tensor_parallel_size` bundles, one CPU core each on
+    a CPU machine), so generation can overlap training (`trainer.fully_async`). The reference model runs on the
+    policy's workers either way: leave ref_* null."""
 
     policy_num_nodes: int
     """Nodes of the policy's training group."""
@@ -94,6 +96,23 @@ class PlacementConfig:
 
     ref_num_gpus_per_node: int | None
     """Devices per node of the reference model's group; null follows the policy."""
+
+
+@dataclass(kw_only=True)
+class FullyAsyncConfig:
+    """Asynchronous training (SkyRL's `trainer.fully_async`; NeMo RL's `grpo.async_grpo` maps here): the engines,
+    on devices of their own (`trainer.placement.colocate_all=false`), keep generating the next batches while the
+    workers train, with the weights of the newest policy pushed to them after every step. Each engine call's
+    rollouts carry the policy version that produced them; a batch is trained on only while its rollouts are at most
+    `max_staleness_steps` policy updates old. The off-policy correction (`trainer.algorithm.off_policy_correction`)
+    applies to their logprobs."""
+
+    enabled: bool
+    """Overlap generation and training."""
+
+    max_staleness_steps: int
+    """How many policy updates a trained-on rollout may lag behind: 0 is the synchronous schedule (same results),
+    1 is veRL's one-step off-policy, larger values let the engines run further ahead."""
 
 
 @dataclass(kw_only=True)
@@ -244,6 +263,9 @@ class TrainerConfig:
 
     placement: PlacementConfig
     """Nodes and devices."""
+
+    fully_async: FullyAsyncConfig
+    """Generation overlapping training."""
 
     algorithm: AlgorithmConfig
     """Advantages and loss."""

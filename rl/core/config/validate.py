@@ -10,9 +10,10 @@ Rules (world = trainer.placement.policy_num_nodes * policy_num_gpus_per_node):
 - strategy (checks_backends.py): knobs of a strategy that is not selected are errors; the selected strategy checks
   its own blocks (parallel layouts, offload limits, ...) and refuses options it does not implement.
 - algorithm: grpo and rloo need n_samples_per_prompt >= 2.
-- placement: colocate_all needs equal policy and reference placements.
-- not yet supported (checks_support.py, checks_backends.py): generator.backend vllm, advantage_estimator gae,
-  Ulysses sequence_parallel_size > 1, colocate_all false.
+- placement: policy and reference placements are equal (the reference runs on the policy's workers);
+  fully_async needs colocate_all false.
+- not yet supported (checks_support.py, checks_backends.py): generator.backend vllm without vLLM installed,
+  advantage_estimator gae, Ulysses sequence_parallel_size > 1.
 """
 
 from __future__ import annotations

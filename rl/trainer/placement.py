@@ -1,0 +1,131 @@
+"""Where every actor of a run sits, decided once from the config and the cluster.
+
+- The policy's workers: one Ray placement group with a bundle per node (`policy_num_gpus_per_node` devices each;
+  STRICT_SPREAD over `policy_num_nodes` nodes, so each node's ranks share a host), rank r in bundle
+  r // policy_num_gpus_per_node. The reference model runs on the same workers.
+- The generation engines: with `colocate_all=true` they share the workers' devices (the HF engine in the driver,
+  vLLM engines sleeping while the workers train); with `colocate_all=false` they get a placement group of their own,
+  one bundle of `inference_engine_tensor_parallel_size` devices per engine.
+
+On a machine without GPUs a device is a logical CPU slot of Ray, and with engines of their own the planner also
+splits the machine's cores: one for each engine, the rest shared by the workers (`rl.backends.cores` pins each actor).
+`fit_problems` tells, before anything starts, whether a layout fits the resources at hand.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from rl.backends.cores import ENV as CORES_ENV
+from rl.backends.cores import encode
+
+
+@dataclass(frozen=True)
+class Plan:
+    nodes: int
+    per_node: int  # policy devices per node
+    engines: int  # engines on bundles of their own (0 when colocated)
+    engine_devices: int
+    gpu: bool
+    worker_cores: tuple[int, ...] | None = None  # CPU machines with engines of their own
+    engine_cores: tuple[tuple[int, ...], ...] | None = None
+
+    @property
+    def workers(self) -> int:
+        return self.nodes * self.per_node
+
+    @property
+    def slots(self) -> int:
+        """Devices the plan needs (logical CPU slots on a CPU machine)."""
+        return self.workers + self.engines * self.engine_devices
+
+
+def make_plan(cfg, gpu: bool, cores: int) -> Plan:
+    placement, gen = cfg.trainer.placement, cfg.generator
+    separate = not placement.colocate_all
+    engines = gen.num_inference_engines if separate else 0
+    plan = Plan(nodes=placement.policy_num_nodes, per_node=placement.policy_num_gpus_per_node, engines=engines,
+                engine_devices=gen.inference_engine_tensor_parallel_size, gpu=gpu)
+    if gpu or not separate or cores <= engines:
+        return plan
+    engine_cores = tuple((core,) for core in range(engines))
+    return Plan(**{**plan.__dict__, "worker_cores": tuple(range(engines, cores)), "engine_cores": engine_cores})
+
+
+def fit_problems(cfg, gpus: int, cores: int, remote: bool) -> list[str]:
+    """Why the layout does not fit this machine (`gpus` devices, `cores` CPU cores); a remote cluster's resources
+    are checked when its placement groups are created."""
+    plan = make_plan(cfg, gpus > 0, cores)
+    if remote:
+        return []
+    if plan.gpu:
+        if plan.slots > gpus and plan.nodes == 1:
+            return [f"trainer.placement.policy_num_gpus_per_node: {plan.workers} training workers and {plan.engines} "
+                    f"engines x {plan.engine_devices} devices need {plan.slots} GPUs, this machine has {gpus}; lower "
+                    "them or set trainer.placement.colocate_all=true"]
+        return []
+    if plan.engines and plan.engines >= cores:
+        return [f"generator.num_inference_engines: {plan.engines} engines on cores of their own "
+                f"(trainer.placement.colocate_all=false) leave none of this machine's {cores} cores to the training "
+                "workers; lower it or set trainer.placement.colocate_all=true"]
+    return []
+
+
+class Placement:
+    """The placement groups of a plan, and the Ray options that put each actor in its bundle."""
+
+    def __init__(self, plan: Plan, env: dict[str, str]):
+        import ray
+        from ray.util.placement_group import placement_group
+
+        self.plan, self.env = plan, env
+        worker_bundle = {"GPU": plan.per_node, "CPU": plan.per_node} if plan.gpu else {"CPU": plan.per_node}
+        self.workers = placement_group([dict(worker_bundle) for _ in range(plan.nodes)],
+                                       strategy="STRICT_SPREAD" if plan.nodes > 1 else "PACK")
+        groups = [self.workers]
+        self.engines = None
+        if plan.engines:
+            engine_bundle = {"GPU": plan.engine_devices, "CPU": 1} if plan.gpu else {"CPU": plan.engine_devices}
+            self.engines = placement_group([dict(engine_bundle) for _ in range(plan.engines)], strategy="PACK")
+            groups.append(self.engines)
+        for group in groups:
+            if not group.wait(timeout_seconds=120):
+                raise RuntimeError(f"the cluster cannot hold placement bundles {group.bundle_specs} "
+                                   f"({ray.available_resources()} available); lower trainer.placement.* or "
+                                   "generator.num_inference_engines, or add nodes")
+
+    def worker_options(self, rank: int) -> dict[str, Any]:
+        env = dict(self.env)
+        if self.plan.worker_cores:
+            env[CORES_ENV] = encode(self.plan.worker_cores)
+            env["OMP_NUM_THREADS"] = str(max(1, len(self.plan.worker_cores) // self.plan.workers))
+        return self._options(self.workers, rank // self.plan.per_node, 1, env)
+
+    def engine_options(self, index: int) -> dict[str, Any]:
+        env = dict(self.env)
+        if self.plan.engine_cores:
+            env[CORES_ENV] = encode(self.plan.engine_cores[index])
+            env["OMP_NUM_THREADS"] = str(len(self.plan.engine_cores[index]))
+        return self._options(self.engines, index, self.plan.engine_devices, env)
+
+    def _options(self, group, bundle: int, devices: int, env: dict[str, str]) -> dict[str, Any]:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=bundle)
+        resources = {"num_gpus": devices, "num_cpus": 0} if self.plan.gpu else {"num_gpus": 0, "num_cpus": devices}
+        return {"scheduling_strategy": strategy, "runtime_env": {"env_vars": env}, **resources}
+
+    def describe(self) -> str:
+        plan = self.plan
+        where = f"{plan.workers} training worker(s) on {plan.nodes} node(s) x {plan.per_node}"
+        if plan.engines:
+            where += f"; {plan.engines} engine(s) on their own {plan.engine_devices} device(s) each"
+        if plan.engine_cores:
+            where += f" (CPU cores: engines {list(plan.engine_cores)}, workers {list(plan.worker_cores)})"
+        return where
+
+
+def machine_cores() -> int:
+    return len(os.sched_getaffinity(0))

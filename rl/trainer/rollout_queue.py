@@ -1,0 +1,76 @@
+"""Rollouts generated ahead of training (`trainer.fully_async`): the engines work on the next batches while the
+workers train on the current one.
+
+Batch j (the prompts of step j) is submitted to the engines once the policy version they hold, v (the number of
+updates behind their weights), satisfies (j - 1) - v <= max_staleness_steps: trained at step j, by a policy that has
+had j - 1 updates, its rollouts then lag by at most the bound. So the queue holds at most max_staleness_steps + 1
+batches, and with a bound of 0 a batch is submitted only after the previous step's weights reached the engines:
+the synchronous schedule, step for step. Every engine call reports the version it generated with; a batch found
+older than the bound (which the submission rule prevents) is dropped, counted, and generated again.
+
+The data position saved in a checkpoint is the one after the last *trained* batch: batches still in the queue are
+drawn again after a resume.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rl.core.data import PromptBatch
+
+
+@dataclass
+class QueuedBatch:
+    step: int
+    batch: PromptBatch
+    prompts: list[list[int]]
+    params: Any
+    pending: list
+
+
+class RolloutQueue:
+    def __init__(self, engines, draw: Callable[[], PromptBatch], encode: Callable[[PromptBatch], list[list[int]]],
+                 params: Callable[[int], Any], max_staleness_steps: int):
+        """`draw()` the next prompt batch, `encode(batch)` its prompts as token ids, `params(step)` the sampling
+        parameters of a step (its seed)."""
+        self.engines, self.draw, self.encode, self.params = engines, draw, encode, params
+        self.bound = max_staleness_steps
+        self.queue: deque[QueuedBatch] = deque()
+        self.next_step = None
+        self.engine_version = 0
+
+    def start(self, first_step: int, engine_version: int) -> None:
+        self.next_step, self.engine_version = first_step, engine_version
+
+    def fill(self, last_step: int) -> None:
+        """Submits every batch the staleness bound allows at the engines' current version."""
+        while self.next_step <= last_step and (self.next_step - 1) - self.engine_version <= self.bound:
+            batch = self.draw()
+            prompts = self.encode(batch)
+            params = self.params(self.next_step)
+            self.queue.append(QueuedBatch(self.next_step, batch, prompts, params,
+                                          self.engines.submit(prompts, params)))
+            self.next_step += 1
+
+    def take(self, step: int) -> tuple[PromptBatch, list, dict[str, float]]:
+        """The batch of `step` with its rollouts, and the queue's metrics for the step."""
+        queued = self.queue.popleft()
+        assert queued.step == step, (queued.step, step)
+        started, dropped = time.perf_counter(), 0
+        while True:
+            versions, rollouts = self.engines.collect(queued.pending)
+            lag = (step - 1) - min(versions)
+            if lag <= self.bound:
+                break
+            dropped += len(rollouts)  # older than the bound: generate these prompts again with current weights
+            queued.pending = self.engines.submit(queued.prompts, queued.params)
+        return queued.batch, rollouts, {"policy_lag": float(lag), "stale_dropped": float(dropped),
+                                        "queue_wait_s": time.perf_counter() - started,
+                                        "queued_batches": float(len(self.queue))}
+
+    def weights_updated(self, version: int) -> None:
+        self.engine_version = version
