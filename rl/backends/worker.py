@@ -28,6 +28,13 @@ class TrainingWorker:
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.policy = self.ref = None
 
+    def where(self) -> str:
+        """Host, Ray node and process of this rank, for the run's log and its error messages."""
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()[:8]
+        return f"{socket.gethostname()} node {node} pid {os.getpid()}"
+
     def address(self) -> tuple[str, int]:
         """(host, free port) for the rendezvous; asked of rank 0."""
         with socket.socket() as sock:

@@ -27,10 +27,14 @@ class EngineActor:
         self.version, self.updating = 0, False
 
     def where(self) -> str:
+        import os
         import socket
 
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()[:8]
         cores = f", CPU cores {list(self.cores)}" if self.cores else ""
-        return f"{socket.gethostname()} ({self.engine.device}{cores})"
+        return f"{socket.gethostname()} node {node} pid {os.getpid()} ({self.engine.device}{cores})"
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
         return self.generate_versioned(prompts, params)[1]
@@ -69,6 +73,11 @@ class RemoteEngines(GenerationEngine):
         self.actors = [actor.options(**options(i)).remote(name, model_path, kwargs) for i in range(count)]
         self.places = ray.get([a.where.remote() for a in self.actors])
         self.device = ", ".join(f"engine {i}: {place}" for i, place in enumerate(self.places))
+
+    def named_actors(self) -> list[tuple[Any, str]]:
+        """(actor, what it is) for messages about it."""
+        return [(a, f"generation engine {i} ({place})")
+                for i, (a, place) in enumerate(zip(self.actors, self.places, strict=True))]
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
         return self.collect(self.submit(prompts, params))[1]

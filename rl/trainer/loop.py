@@ -15,6 +15,7 @@ from rl.core.data import BatchPosition, batches_per_epoch, iter_batches
 from rl.core.rewards import REWARD_FUNCTIONS
 from rl.tasks import rewards as _task_rewards  # noqa: F401  (registers the tasks' reward functions)
 from rl.trainer import checkpoint, components
+from rl.trainer.engines import RemoteEngines
 from rl.trainer.experience import build_experience, score
 from rl.trainer.faults import crash_point
 from rl.trainer.metrics import MetricsLogger
@@ -42,6 +43,7 @@ class Trainer:
         print(f"generation: {cfg.generator.backend} engine on {self.engine.device}", flush=True)
         self.world = policy_world_size(cfg)
         self.group = components.make_worker_group(cfg, self.model_path, self.world, self.placement)
+        print("training workers: " + ", ".join(f"rank {r}: {p}" for r, p in enumerate(self.group.places)), flush=True)
         self.weight_sync = make_weight_sync(cfg, self.group, self.engine)
         pad = self.tokenizer.pad_token_id or 0
         self.forward_batching = micro_batching(cfg, self.group.dp_size, pad, train=False)
@@ -57,6 +59,29 @@ class Trainer:
         self.rollout_queue = (RolloutQueue(self.engine, self.draw_batch, self.encode_batch, self.step_params,
                                            asynchronous.max_staleness_steps) if asynchronous.enabled else None)
         self.current_step = 0  # the step in progress (for the message of an interrupted run)
+
+    def actors(self) -> list[tuple[object, str]]:
+        """(Ray actor handle, which worker or engine it is) of every actor built so far."""
+        group, engine = getattr(self, "group", None), getattr(self, "engine", None)
+        found = group.named_actors() if group is not None else []
+        return found + (engine.named_actors() if isinstance(engine, RemoteEngines) else [])
+
+    def actor_names(self) -> dict[str, str]:
+        """Ray actor id -> which worker or engine it is."""
+        return {actor._actor_id.hex(): name for actor, name in self.actors()}
+
+    def dead_actor(self) -> str | None:
+        """The first actor that no longer answers because it died (one that is busy is not dead)."""
+        import ray
+
+        for actor, name in self.actors():
+            try:
+                ray.get(actor.where.remote(), timeout=5)
+            except ray.exceptions.RayActorError:
+                return name
+            except ray.exceptions.GetTimeoutError:
+                continue
+        return None
 
     @property
     def total_steps(self) -> int:

@@ -21,6 +21,20 @@ class Interrupted(Exception):
         super().__init__(f"interrupted at step {step}; {where}")
 
 
+class ActorDied(Exception):
+    """A worker or an engine of the run died (Ray is shut down by then): which one, and where the run stands."""
+
+    def __init__(self, who: str, step: int, latest_checkpoint: str | None, reason: str):
+        where = (f"last complete checkpoint: {latest_checkpoint} (resume with trainer.resume_mode=latest)"
+                 if latest_checkpoint else "no complete checkpoint yet")
+        super().__init__(f"{who} died at step {step} ({reason}); {where}")
+
+
+def _first_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
 def default_run_dir() -> str:
     """A new dated folder under runs/ in the workspace (`bazel run` says where that is)."""
     root = os.environ.get("BUILD_WORKSPACE_DIRECTORY") or os.getcwd()
@@ -56,6 +70,8 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
     save_config(cfg, os.path.join(run_dir, "config.yaml"))
     print(f"run directory: {run_dir}", flush=True)
     start_ray(run_dir, ray_address, slots=make_plan(cfg, torch.cuda.is_available(), machine_cores()).slots)
+    from ray.exceptions import RayActorError, RayTaskError
+
     trainer = None
     try:
         trainer = Trainer(cfg, run_dir)
@@ -64,6 +80,18 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
         step = trainer.current_step if trainer is not None else 0
         latest = checkpoint.latest(trainer.ckpt_root) if trainer is not None else None
         raise Interrupted(step, latest) from None
+    except RayActorError as error:
+        names = trainer.actor_names() if trainer is not None else {}
+        who = names.get(getattr(error, "actor_id", None) or "", "an actor of the run")
+        step = trainer.current_step if trainer is not None else 0
+        latest = checkpoint.latest(trainer.ckpt_root, log=lambda _: None) if trainer is not None else None
+        raise ActorDied(who, step, latest, _first_line(error)) from None
+    except RayTaskError as error:  # a survivor's collective may fail before the dead peer is reported
+        dead = trainer.dead_actor() if trainer is not None else None
+        if dead is None:
+            raise
+        latest = checkpoint.latest(trainer.ckpt_root, log=lambda _: None)
+        raise ActorDied(dead, trainer.current_step, latest, f"{type(error.cause).__name__} in a peer") from None
     finally:
         stop_ray()
     print(f"curve: {plot_curves(run_dir)}", flush=True)

@@ -86,6 +86,12 @@ class WorkerGroup:
         actor = ray.remote(TrainingWorker)
         self.actors = [actor.options(**options(rank)).remote(rank, num_workers, seed) for rank in range(num_workers)]
         self.size = num_workers
+        self.places = ray.get([a.where.remote() for a in self.actors])
+
+    def named_actors(self) -> list[tuple[Any, str]]:
+        """(actor, what it is) for messages about it."""
+        return [(a, f"training worker rank {rank} ({place})")
+                for rank, (a, place) in enumerate(zip(self.actors, self.places, strict=True))]
 
     def setup(self, backend: str, policy_spec, ref_spec) -> None:
         """Every worker joins the process group and builds `backend` (`package.module:Class`) for each model."""

@@ -1,0 +1,53 @@
+"""A generation engine or a training worker SIGKILLed in the middle of an asynchronous run: the launcher ends within
+60 s with exit code 1 and one line naming the actor (what it is, host, Ray node, pid), the step and the last
+complete checkpoint, which stays intact; no traceback."""
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from rl.launch.subprocess_run import kill_group, start_train
+from rl.trainer import checkpoint
+from tests.testing.tiny_job import make_tiny_job
+
+RUN = ["trainer.placement.colocate_all=false", "trainer.fully_async.enabled=true",
+       "trainer.placement.policy_num_gpus_per_node=2", "trainer.micro_train_batch_size_per_gpu=1",
+       "trainer.micro_forward_batch_size_per_gpu=1", "trainer.ckpt_interval=1"]
+PID = {"engine": r"(generation engine 0|engine 0): \S+ node \S+ pid (\d+)",
+       "worker": r"(rank 1): \S+ node \S+ pid (\d+)"}
+NAMED = {"engine": r"generation engine 0 \(\S+ node \S+ pid {pid} \(cpu, CPU cores \[0\]\)\)",
+         "worker": r"training worker rank 1 \(\S+ node \S+ pid {pid}\)"}
+
+
+@pytest.mark.parametrize("victim", ["engine", "worker"])
+def test_dead_actor_ends_the_run_naming_it(tmp_path, victim):
+    job = make_tiny_job(str(tmp_path / "job"))
+    run_dir = str(tmp_path / "run")
+    log = open(tmp_path / "launcher.log", "w+")  # noqa: SIM115  (read during the run, closed below)
+    proc = start_train(run_dir, [*job.overrides(steps=300), *RUN], output=log)
+    try:
+        root = os.path.join(run_dir, "checkpoints")
+        deadline = time.monotonic() + 300
+        while not os.path.isdir(checkpoint.step_dir(root, 2)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach step 2"
+            time.sleep(0.5)
+        log.seek(0)
+        pid = int(re.search(PID[victim], log.read()).group(2))
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        assert proc.wait(timeout=60) == 1
+        assert time.monotonic() - killed < 60
+        log.seek(0)
+        output = log.read()
+        last = output.strip().splitlines()[-1]
+        assert re.fullmatch(rf"error: {NAMED[victim].format(pid=pid)} died at step \d+ \(.*\); last complete "
+                            rf"checkpoint: .*global_step_\d+ \(resume with trainer\.resume_mode=latest\)", last), last
+        assert "Traceback" not in output
+        saved = re.search(r"last complete checkpoint: (\S+)", last).group(1)
+        assert checkpoint.verify(saved) == [] and checkpoint.is_complete(saved)
+    finally:
+        kill_group(proc.pid)
+        log.close()
