@@ -60,6 +60,10 @@ def fit_problems(cfg, gpus: int, cores: int, remote: bool) -> list[str]:
     plan = make_plan(cfg, gpus > 0, cores)
     if remote:
         return []
+    if plan.nodes > 1:
+        return [f"trainer.placement.policy_num_nodes: {plan.nodes} nodes need a Ray cluster of that many nodes, and "
+                "this run would start a one-node Ray of its own; start the cluster (examples/multinode) and pass "
+                "--ray_address, or set it to 1"]
     if plan.gpu:
         if plan.slots > gpus and plan.nodes == 1:
             return [f"trainer.placement.policy_num_gpus_per_node: {plan.workers} training workers and {plan.engines} "

@@ -14,6 +14,7 @@ def launch_refused(run_dir: str, overrides: list[str], capsys, flags: tuple[str,
     import ray
     from absl import flags as absl_flags
 
+    import rl.trainer.run  # noqa: F401  (imported here, not timed: a first import of torch can take seconds on a busy machine)
     from rl.launch import train
 
     absl_flags.FLAGS.unparse_flags()

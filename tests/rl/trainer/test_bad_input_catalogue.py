@@ -56,6 +56,10 @@ MACHINE = {
     "megatron_pp_not_dividing_layers": Bad(
         [*MEGATRON_ON_4, MEGATRON + "pipeline_model_parallel_size=4"], MEGATRON + "pipeline_model_parallel_size",
         ("must divide the model's 6 layers",)),
+    "several_nodes_without_a_cluster": Bad(["trainer.placement.policy_num_nodes=2"],
+                                           "trainer.placement.policy_num_nodes", ("pass --ray_address",)),
+    "more_engines_than_cores": Bad(["trainer.placement.colocate_all=false", "generator.num_inference_engines=64"],
+                                   "generator.num_inference_engines", ("leave none of this machine's",)),
     "unknown_strategy_flag_with_a_model": Bad(["trainer.policy.model.path={model}"], "trainer.strategy",
                                               ("did you mean 'fsdp'?",), strategy="fsdp3"),
 }

@@ -1,0 +1,45 @@
+"""Two Ray nodes (`ray.cluster_utils.Cluster`: two raylets on this machine, one CPU each) with one training worker
+each, joined with --ray_address: the placement spreads the workers over distinct nodes, and the run gives the same
+losses as one node with two workers (the oracle)."""
+
+import os
+import re
+
+import pytest
+
+from rl.trainer.metrics import read_metrics
+from tests.testing.tiny_job import make_tiny_job, run_train
+
+COMPARED = ("reward_mean", "loss", "pg_loss", "grad_norm", "kl", "entropy")
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    return make_tiny_job(str(tmp_path_factory.mktemp("job")))
+
+
+def _overrides(job) -> list[str]:
+    return [*job.overrides(steps=2), "data.reward_fn=gsm8k_flexible", "trainer.algorithm.use_entropy_loss=true"]
+
+
+def test_two_nodes_train_like_one_node_with_two_workers(job, tmp_path):
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1)
+        spread = run_train(str(tmp_path / "two-nodes"), [*_overrides(job), "trainer.placement.policy_num_nodes=2",
+                                                         f"--ray_address={cluster.address}"], timeout=600)
+    finally:
+        cluster.shutdown()
+    assert spread.returncode == 0, spread.stderr[-5000:]
+    nodes = re.findall(r"rank \d: \S+ node (\S+) pid", spread.stdout)
+    assert len(nodes) == 2 and nodes[0] != nodes[1], spread.stdout
+    one = run_train(str(tmp_path / "one-node"), [*_overrides(job), "trainer.placement.policy_num_gpus_per_node=2"])
+    assert one.returncode == 0, one.stderr[-5000:]
+    rows = [read_metrics(os.path.join(str(tmp_path / name), "metrics.jsonl")) for name in ("two-nodes", "one-node")]
+    assert len(rows[0]) == len(rows[1]) == 2
+    for got, want in zip(*rows, strict=True):
+        assert got["loss"] != 0
+        for key in COMPARED:
+            assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), (got["step"], key)
