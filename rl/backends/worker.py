@@ -87,6 +87,25 @@ class TrainingWorker:
                 sent, buckets = sent + size_of(bucket), buckets + 1
         return {"sync_bytes": float(sent), "sync_buckets": float(buckets)}
 
+    def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> None:
+        """Rank 0 joins the process group of the engine actors as its rank 0 (`weight_stream`)."""
+        from rl.backends.weight_stream import join_group
+
+        self.weight_group, self.weight_backend = join_group(host, port, 0, world_size, backend), backend
+
+    def stream_weights(self, bucket_bytes: int) -> dict[str, float]:
+        """The policy's weights to the engines over the weight group, one bucket at a time from rank 0 (collective:
+        the other ranks take part in gathering each bucket). Returns what was sent (zeros on the other ranks)."""
+        from rl.backends.weight_stream import send_bucket, send_end
+
+        sent = buckets = 0
+        for bucket in self.policy.weight_buckets(bucket_bytes):
+            if self.rank == 0 and bucket:
+                sent, buckets = sent + send_bucket(self.weight_group, self.weight_backend, bucket), buckets + 1
+        if self.rank == 0:
+            send_end(self.weight_group, self.weight_backend)
+        return {"sync_bytes": float(sent), "sync_buckets": float(buckets)}
+
     def export_hf(self, model_path: str, output_dir: str) -> None:
         from rl.backends.hf_model import save_hf_checkpoint
 

@@ -54,6 +54,22 @@ class EngineActor:
     def finish_update(self, version: int) -> None:
         self.version, self.updating = version, False
 
+    def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
+        """Joins training rank 0's process group for weights (`rl.backends.weight_stream`) as `rank`."""
+        from rl.backends.weight_stream import join_group
+
+        self.weight_group, self.weight_backend = join_group(host, port, rank, world_size, backend), backend
+
+    def receive_weights(self) -> int:
+        """Loads every bucket rank 0 streams until it ends the stream; returns how many."""
+        from rl.backends.weight_stream import receive_buckets
+
+        count = 0
+        for bucket in receive_buckets(self.weight_group, self.weight_backend):
+            self.engine.update_weights(bucket)
+            count += 1
+        return count
+
     def offload(self) -> None:
         self.engine.offload()
 

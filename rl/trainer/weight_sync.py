@@ -1,13 +1,15 @@
-"""How the policy's new weights reach the generation engine after each step, chosen once per run by
-`make_weight_sync` from where the engine lives:
+"""How the policy's new weights reach the generation engines after each step, chosen once per run by
+`make_weight_sync` from where the engines live and `generator.weight_sync_backend`:
 
-- `PushSync`: engines in Ray actors (vllm). The training workers gather the weights bucket by bucket
-  (`TrainingBackend.weight_buckets`) and rank 0 hands each bucket to every engine actor through Ray's object store;
-  the driver sees only the counts.
-- `DriverSync`: the HF engine in the driver. Rank 0's full state comes to the driver, which copies it in.
+- `CollectiveSync` (gloo or nccl; the default for engines on devices of their own): rank 0 and the engine actors
+  form a process group and rank 0 broadcasts each bucket (`TrainingBackend.weight_buckets`) to them.
+- `PushSync` (ray; the default for vLLM engines sharing the workers' devices): rank 0 hands each bucket to every
+  engine actor through Ray's object store.
+- `DriverSync`: the colocated HF engine in the driver. Rank 0's full state comes to the driver, which copies it in.
 
-`sync(version)` names the policy version the weights are (the number of optimizer updates behind them). Each returns
-`sync_bytes` and `sync_buckets` for the step's metrics (the loop times it as `sync_time_s`).
+The driver sees only counts in the first two. `sync(version)` names the policy version the weights are (the number
+of optimizer updates behind them); it returns `sync_bytes` and `sync_buckets` for the step's metrics (the loop times
+it as `sync_time_s`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,31 @@ class PushSync:
         return sent
 
 
+class CollectiveSync:
+    """Engines on devices of their own: rank 0 and the engine actors form a process group (gloo or nccl) and rank 0
+    broadcasts the buckets (`rl.backends.weight_stream`); Ray carries only the calls."""
+
+    def __init__(self, group: WorkerGroup, engines: RemoteEngines, bucket_mb: int, backend: str):
+        import ray
+
+        self.group, self.engines, self.bucket_bytes = group, engines, bucket_mb << 20
+        host, port = ray.get(group.actors[0].address.remote())
+        world = 1 + len(engines.actors)
+        ray.get([group.actors[0].join_weight_group.remote(host, port, world, backend)]
+                + [a.join_weight_group.remote(host, port, i + 1, world, backend)
+                   for i, a in enumerate(engines.actors)])
+
+    def sync(self, version: int) -> dict[str, float]:
+        import ray
+
+        self.engines.begin_update()
+        receiving = [a.receive_weights.remote() for a in self.engines.actors]
+        sent = self.group.call("stream_weights", self.bucket_bytes)[0]
+        ray.get(receiving)
+        self.engines.finish_update(version)
+        return sent
+
+
 class DriverSync:
     def __init__(self, group: WorkerGroup, engine):
         self.group, self.engine = group, engine
@@ -39,7 +66,20 @@ class DriverSync:
         return {"sync_bytes": float(bucket_bytes(state)), "sync_buckets": 1.0}
 
 
+def transport(cfg, gpu: bool) -> str:
+    """`generator.weight_sync_backend`, or its default for the placement."""
+    chosen = cfg.generator.weight_sync_backend
+    if chosen is not None:
+        return chosen
+    return ("nccl" if gpu else "gloo") if not cfg.trainer.placement.colocate_all else "ray"
+
+
 def make_weight_sync(cfg, group: WorkerGroup, engine):
-    if isinstance(engine, RemoteEngines):
-        return PushSync(group, engine, cfg.generator.weight_sync_bucket_mb)
-    return DriverSync(group, engine)
+    import torch
+
+    if not isinstance(engine, RemoteEngines):
+        return DriverSync(group, engine)
+    kind, bucket_mb = transport(cfg, torch.cuda.is_available()), cfg.generator.weight_sync_bucket_mb
+    if kind == "ray":
+        return PushSync(group, engine, bucket_mb)
+    return CollectiveSync(group, engine, bucket_mb, kind)

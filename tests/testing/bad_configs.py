@@ -235,6 +235,13 @@ BAD = {
         "trainer.placement.ref_num_gpus_per_node", ("runs on the policy's workers",)),
     "async_colocated": Bad(["trainer.fully_async.enabled=true"], "trainer.fully_async.enabled",
                            ("trainer.placement.colocate_all=false",)),
+    "unknown_weight_sync_backend": Bad(["generator.weight_sync_backend=mpi"], "generator.weight_sync_backend",
+                                       ("ray, gloo, nccl",)),
+    "collective_weight_sync_with_colocated_engines": Bad(
+        ["generator.backend=vllm", "generator.weight_sync_backend=gloo"], "generator.weight_sync_backend",
+        ("nccl allows one rank per device",)),
+    "weight_sync_backend_for_the_driver_engine": Bad(["generator.weight_sync_backend=ray"],
+                                                     "generator.weight_sync_backend", ("runs in the driver",)),
     "negative_staleness": Bad(["trainer.fully_async.max_staleness_steps=-1"],
                               "trainer.fully_async.max_staleness_steps", (">= 0",)),
     "token_budget_below_longest_sequence": Bad(

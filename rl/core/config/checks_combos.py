@@ -110,6 +110,22 @@ def check_off_policy_bounds(cfg: Config, problems: Problems) -> None:
                      "token_mask_is_threshold_high; set it, or set the other one to null")
 
 
+def check_weight_sync_backend(cfg: Config, problems: Problems) -> None:
+    """An explicit transport must be one the placement uses: collectives need engines on devices of their own, and
+    the colocated HF engine (in the driver) has no transport to choose."""
+    gen, separate = cfg.generator, not cfg.trainer.placement.colocate_all
+    key, chosen = "generator.weight_sync_backend", cfg.generator.weight_sync_backend
+    if chosen is None or separate:
+        return
+    if gen.backend == "hf":
+        problems.add(key, f"is {chosen}, but the colocated HF engine runs in the driver and takes rank 0's weights "
+                     "through Ray; leave it null, or set trainer.placement.colocate_all=false")
+    elif chosen in ("gloo", "nccl"):
+        problems.add(key, f"is {chosen}, but a process group between rank 0 and engines sharing its devices is not "
+                     "possible (nccl allows one rank per device); use ray, or set "
+                     "trainer.placement.colocate_all=false")
+
+
 def check_engine_devices(cfg: Config, problems: Problems) -> None:
     """vLLM engines are colocated with the policy's workers: engines * engine TP must divide their devices."""
     gen = cfg.generator

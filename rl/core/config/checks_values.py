@@ -101,6 +101,7 @@ RULES: tuple[Rule, ...] = (
     *(optional(above(_OPC + f"{kind}_is_threshold_{side}", 0)) for kind in ("outlier_token", "token_mask")
       for side in ("low", "high")),
     one_of("generator.backend", choices.GENERATOR_BACKENDS),
+    optional(one_of("generator.weight_sync_backend", choices.WEIGHT_SYNC_BACKENDS)),
     *(at_least(f"generator.{name}", 1) for name in ("num_inference_engines", "inference_engine_tensor_parallel_size",
                                                      "max_num_batched_tokens", "max_num_seqs",
                                                      "weight_sync_bucket_mb")),

@@ -332,6 +332,13 @@ class GeneratorConfig:
     """Weight sync after each step: the policy's weights go to the engines in buckets of about this many MiB,
     gathered and sent one at a time (never the whole model on one rank), >= 1."""
 
+    weight_sync_backend: str | None
+    """How the buckets travel from training rank 0 to engine actors (SkyRL's key): `ray` (Ray's object store),
+    `gloo` or `nccl` (a process group of rank 0 and the engines; both need the engines on devices of their own,
+    `trainer.placement.colocate_all=false`; nccl needs GPUs). null: nccl on a GPU machine and gloo on a CPU one when
+    the engines have devices of their own, else ray. The colocated HF engine lives in the driver and takes rank 0's
+    weights through Ray: leave it null there."""
+
     n_samples_per_prompt: int
     """Completions sampled per training prompt, >= 1 (>= 2 for `grpo` and `rloo`)."""
 

@@ -40,6 +40,7 @@ CHECKS: tuple[Callable[[Config, Problems], None], ...] = (
     checks_combos.check_colocation,
     checks_combos.check_off_policy_bounds,
     checks_combos.check_engine_devices,
+    checks_combos.check_weight_sync_backend,
     checks_backends.check_strategy,
     checks_support.check_unsupported,
 )

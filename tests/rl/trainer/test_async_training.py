@@ -50,6 +50,17 @@ def test_engine_on_its_own_core_trains_like_the_colocated_run(job, separate, tmp
         assert rows[0][key] == pytest.approx(colocated[0][key], rel=1e-5, abs=1e-7), key
 
 
+def test_collective_and_object_store_transports_give_the_same_run(job, separate, tmp_path):
+    """Engines on their own core take the weights over a gloo group by default; Ray's object store must deliver
+    the same weights (same metrics at every step, same bytes)."""
+    rows, _ = _run(job, str(tmp_path / "object-store"), [*SEPARATE, "generator.weight_sync_backend=ray"])
+    expected, _ = separate
+    for row, want in zip(rows, expected, strict=True):
+        assert row["sync_bytes"] > 0 and row["sync_buckets"] == want["sync_buckets"]
+        for key in COMPARED:
+            assert row[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), (row["step"], key)
+
+
 def test_no_staleness_is_the_synchronous_schedule(job, separate, tmp_path):
     rows, _ = _run(job, str(tmp_path / "async0"), _asynchronous(0))
     expected, _ = separate

@@ -56,6 +56,8 @@ MACHINE = {
     "megatron_pp_not_dividing_layers": Bad(
         [*MEGATRON_ON_4, MEGATRON + "pipeline_model_parallel_size=4"], MEGATRON + "pipeline_model_parallel_size",
         ("must divide the model's 6 layers",)),
+    "nccl_weight_sync_without_gpus": Bad(["trainer.placement.colocate_all=false", "generator.weight_sync_backend=nccl"],
+                                         "generator.weight_sync_backend", ("needs GPUs",)),
     "several_nodes_without_a_cluster": Bad(["trainer.placement.policy_num_nodes=2"],
                                            "trainer.placement.policy_num_nodes", ("pass --ray_address",)),
     "more_engines_than_cores": Bad(["trainer.placement.colocate_all=false", "generator.num_inference_engines=64"],

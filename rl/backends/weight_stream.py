@@ -1,0 +1,86 @@
+"""Weights streamed over a process group of their own (`generator.weight_sync_backend` gloo or nccl): training rank 0
+(group rank 0) broadcasts, bucket by bucket, to the engine actors (group ranks 1..E) that sit on devices of their
+own. Every message is a broadcast from rank 0: a header (length, then the pickled list of (name, dtype, shape) of the
+bucket's tensors; length 0 ends the stream), then one flat byte buffer holding the tensors one after another.
+
+The group is built from a TCPStore and the backend's ProcessGroup class directly, so it exists beside the training
+workers' default group without touching it.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterable, Iterator
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+TIMEOUT = timedelta(minutes=30)
+ALIGN = 16  # each tensor starts at a multiple of this in the buffer, so it can be viewed in its dtype in place
+
+
+def _padded(size: int) -> int:
+    return -(-size // ALIGN) * ALIGN
+
+
+def join_group(host: str, port: int, rank: int, world_size: int, backend: str) -> dist.ProcessGroup:
+    """This process's member of the weight group (rank 0 hosts the store); collective: all members call it."""
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=TIMEOUT)
+    prefixed = dist.PrefixStore("weights", store)
+    if backend == "nccl":
+        return dist.ProcessGroupNCCL(prefixed, rank, world_size)
+    return dist.ProcessGroupGloo(prefixed, rank, world_size, TIMEOUT)
+
+
+def _device(backend: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+def _broadcast(group: dist.ProcessGroup, tensor: Tensor) -> None:
+    group.broadcast(tensor, 0).wait()
+
+
+def send_bucket(group: dist.ProcessGroup, backend: str, bucket: Iterable[tuple[str, Tensor]]) -> int:
+    """Broadcasts one bucket; returns its payload bytes."""
+    bucket = list(bucket)
+    device = _device(backend)
+    header = pickle.dumps([(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in bucket])
+    _broadcast(group, torch.tensor([len(header)], dtype=torch.int64, device=device))
+    _broadcast(group, torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device))
+    pieces = []
+    for _, tensor in bucket:
+        raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8).to(device)
+        pieces += [raw, torch.zeros(_padded(raw.numel()) - raw.numel(), dtype=torch.uint8, device=device)]
+    flat = torch.cat(pieces)
+    _broadcast(group, flat)
+    return flat.numel()
+
+
+def send_end(group: dist.ProcessGroup, backend: str) -> None:
+    _broadcast(group, torch.zeros(1, dtype=torch.int64, device=_device(backend)))
+
+
+def receive_buckets(group: dist.ProcessGroup, backend: str) -> Iterator[list[tuple[str, Tensor]]]:
+    """The buckets rank 0 sends, until it ends the stream: (name, tensor) lists, the tensors on this member's
+    device and in the sender's dtypes."""
+    device = _device(backend)
+    while True:
+        length = torch.zeros(1, dtype=torch.int64, device=device)
+        _broadcast(group, length)
+        if int(length) == 0:
+            return
+        header = torch.empty(int(length), dtype=torch.uint8, device=device)
+        _broadcast(group, header)
+        entries = pickle.loads(header.cpu().numpy().tobytes())
+        dtypes = [getattr(torch, dtype) for _, dtype, _ in entries]
+        sizes = [torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+                 for (_, _, shape), dtype in zip(entries, dtypes, strict=True)]
+        flat = torch.empty(sum(_padded(size) for size in sizes), dtype=torch.uint8, device=device)
+        _broadcast(group, flat)
+        bucket, offset = [], 0
+        for (name, _, shape), dtype, size in zip(entries, dtypes, sizes, strict=True):
+            bucket.append((name, flat[offset:offset + size].view(dtype).reshape(shape)))
+            offset += _padded(size)
+        yield bucket
