@@ -8,8 +8,8 @@ max_staleness_steps=1: veRL's one-step off-policy) and `async2` (max_staleness_s
 default placement (HF engine in the driver) as a reference row. Each mode runs the whole job through the launcher
 (same seed, same prompts, same number of samples). Reported: seconds per step over steps 2..N (step 1 includes
 the first generation, which nothing overlaps), steps/s relative to `sync`, the mean time the trainer waited for
-rollouts, the mean policy lag of the trained rollouts, and the final validation accuracy (greedy, the embedded
-task's held-out prompts).
+rollouts, the mean time of the logprob passes and the policy update, tokens per second, the mean policy lag of the
+trained rollouts, and the final validation accuracy (greedy, the embedded task's held-out prompts).
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ def run_mode(name: str, steps: int, root: str) -> dict:
     return {"step_s": statistics.mean(row["step_time_s"] for row in trained),
             "wait_s": statistics.mean(row["generate_time_s"] for row in trained),
             "lag": statistics.mean(row.get("policy_lag", 0.0) for row in trained),
+            "train_s": statistics.mean(row["logprobs_time_s"] + row["update_time_s"] for row in trained),
+            "tokens_per_s": statistics.mean(row["tokens_per_s"] for row in trained),
             "accuracy": accuracy[0] if accuracy else float("nan")}
 
 
@@ -61,11 +63,11 @@ def main(argv=None) -> int:
             results[name] = run_mode(name, args.steps, root)
             print(f"{name}: done", file=sys.stderr, flush=True)
     base = results.get("sync", next(iter(results.values())))["step_s"]
-    rows = [[name, r["step_s"], 1 / r["step_s"], base / r["step_s"], r["wait_s"], r["lag"], r["accuracy"]]
-            for name, r in results.items()]
+    rows = [[name, r["step_s"], 1 / r["step_s"], base / r["step_s"], r["wait_s"], r["train_s"], r["tokens_per_s"],
+             r["lag"], r["accuracy"]] for name, r in results.items()]
     print(f"embedded default, {args.steps} steps, seed 42, CPU (engine and worker on one core each unless colocated)")
-    print(format_table(["mode", "s/step", "steps/s", "vs sync", "rollout wait s", "policy lag", "val accuracy"],
-                       rows))
+    print(format_table(["mode", "s/step", "steps/s", "vs sync", "rollout wait s", "train s", "tokens/s",
+                        "policy lag", "val accuracy"], rows))
     return 0
 
 
