@@ -14,6 +14,7 @@ import torch
 from rl.backends.cores import pin_to_assigned_cores
 from rl.backends.lifeline import exit_with_parent
 from rl.core.generation import GenerationEngine, Rollout, SamplingParams, build_engine
+from rl.trainer.waiting import wait_all
 
 
 class EngineActor:
@@ -89,11 +90,21 @@ class RemoteEngines(GenerationEngine):
         self.actors = [actor.options(**options(i)).remote(name, model_path, kwargs) for i in range(count)]
         self.places = ray.get([a.where.remote() for a in self.actors])
         self.device = ", ".join(f"engine {i}: {place}" for i, place in enumerate(self.places))
+        self.timeout_s: float | None = None  # trainer.actor_call_timeout_s
+
+    @property
+    def labels(self) -> list[str]:
+        """What each actor is, for messages about it."""
+        return [f"generation engine {i} ({place})" for i, place in enumerate(self.places)]
 
     def named_actors(self) -> list[tuple[Any, str]]:
-        """(actor, what it is) for messages about it."""
-        return [(a, f"generation engine {i} ({place})")
-                for i, (a, place) in enumerate(zip(self.actors, self.places, strict=True))]
+        return list(zip(self.actors, self.labels, strict=True))
+
+    def wait(self, refs: list, actors: list | None = None) -> list:
+        """Results of calls on `actors` (default: one per engine, in order), within the call timeout."""
+        labels = dict(zip(map(id, self.actors), self.labels, strict=True))
+        names = [labels[id(a)] for a in (actors or self.actors)]
+        return wait_all(refs, names, self.timeout_s)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
         return self.collect(self.submit(prompts, params))[1]
@@ -106,13 +117,10 @@ class RemoteEngines(GenerationEngine):
         return [(start, actor.generate_versioned.remote(prompts[start:start + share], params))
                 for actor, start in zip(self.actors, starts, strict=False)]
 
-    @staticmethod
-    def collect(pending: list[tuple[int, Any]]) -> tuple[list[int], list[Rollout]]:
+    def collect(self, pending: list[tuple[int, Any]]) -> tuple[list[int], list[Rollout]]:
         """Waits for a submitted call: (each share's policy version, the rollouts in prompt-major order with the
         prompt indices of the whole call)."""
-        import ray
-
-        parts = ray.get([ref for _, ref in pending])
+        parts = self.wait([ref for _, ref in pending], self.actors[:len(pending)])
         versions, rollouts = [], []
         for (start, _), (version, part) in zip(pending, parts, strict=True):
             versions.append(version)
@@ -123,27 +131,17 @@ class RemoteEngines(GenerationEngine):
 
     def begin_update(self) -> None:
         """Waits for the calls already submitted to finish, then marks every engine as being updated."""
-        import ray
-
-        ray.get([a.begin_update.remote() for a in self.actors])
+        self.wait([a.begin_update.remote() for a in self.actors])
 
     def finish_update(self, version: int) -> None:
-        import ray
-
-        ray.get([a.finish_update.remote(version) for a in self.actors])
+        self.wait([a.finish_update.remote(version) for a in self.actors])
 
     def update_weights(self, named_tensors) -> None:
-        import ray
-
         bucket = list(named_tensors)
-        ray.get([a.update_weights.remote(bucket) for a in self.actors])
+        self.wait([a.update_weights.remote(bucket) for a in self.actors])
 
     def offload(self) -> None:
-        import ray
-
-        ray.get([a.offload.remote() for a in self.actors])
+        self.wait([a.offload.remote() for a in self.actors])
 
     def reload(self) -> None:
-        import ray
-
-        ray.get([a.reload.remote() for a in self.actors])
+        self.wait([a.reload.remote() for a in self.actors])

@@ -44,6 +44,9 @@ class Trainer:
         self.world = policy_world_size(cfg)
         self.group = components.make_worker_group(cfg, self.model_path, self.world, self.placement)
         print("training workers: " + ", ".join(f"rank {r}: {p}" for r, p in enumerate(self.group.places)), flush=True)
+        self.group.timeout_s = cfg.trainer.actor_call_timeout_s
+        if isinstance(self.engine, RemoteEngines):
+            self.engine.timeout_s = cfg.trainer.actor_call_timeout_s
         self.weight_sync = make_weight_sync(cfg, self.group, self.engine)
         pad = self.tokenizer.pad_token_id or 0
         self.forward_batching = micro_batching(cfg, self.group.dp_size, pad, train=False)

@@ -21,13 +21,30 @@ class Interrupted(Exception):
         super().__init__(f"interrupted at step {step}; {where}")
 
 
-class ActorDied(Exception):
-    """A worker or an engine of the run died (Ray is shut down by then): which one, and where the run stands."""
+class ActorFailed(Exception):
+    """A worker or an engine of the run died or stopped answering (Ray is shut down by then): which one, and where
+    the run stands."""
 
-    def __init__(self, who: str, step: int, latest_checkpoint: str | None, reason: str):
+    def __init__(self, what: str, step: int, latest_checkpoint: str | None):
         where = (f"last complete checkpoint: {latest_checkpoint} (resume with trainer.resume_mode=latest)"
                  if latest_checkpoint else "no complete checkpoint yet")
-        super().__init__(f"{who} died at step {step} ({reason}); {where}")
+        super().__init__(f"{what} at step {step}; {where}")
+
+
+def _actor_failure(trainer, error: Exception) -> str | None:
+    """What happened to which actor, or None when `error` is an ordinary exception raised inside a live one."""
+    from ray.exceptions import RayActorError
+
+    from rl.trainer.waiting import ActorHung
+
+    if isinstance(error, ActorHung):
+        return str(error)
+    if isinstance(error, RayActorError):
+        names = trainer.actor_names() if trainer is not None else {}
+        who = names.get(getattr(error, "actor_id", None) or "", "an actor of the run")
+        return f"{who} died ({_first_line(error)})"
+    dead = trainer.dead_actor() if trainer is not None else None  # a survivor's collective failed first
+    return f"{dead} died ({type(error.cause).__name__} in a peer)" if dead else None
 
 
 def _first_line(error: Exception) -> str:
@@ -60,9 +77,11 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
     """Trains as configured; returns the run directory. What this machine must provide is checked first
     (`preflight`: nothing is created before it passes); Ray is shut down on success, error and Ctrl-C."""
     import torch
+    from ray.exceptions import RayActorError, RayTaskError
 
     from rl.trainer.loop import Trainer
     from rl.trainer.placement import machine_cores, make_plan
+    from rl.trainer.waiting import ActorHung
     from rl.trainer.worker_group import start_ray, stop_ray
 
     preflight(cfg, ray_address)
@@ -70,8 +89,6 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
     save_config(cfg, os.path.join(run_dir, "config.yaml"))
     print(f"run directory: {run_dir}", flush=True)
     start_ray(run_dir, ray_address, slots=make_plan(cfg, torch.cuda.is_available(), machine_cores()).slots)
-    from ray.exceptions import RayActorError, RayTaskError
-
     trainer = None
     try:
         trainer = Trainer(cfg, run_dir)
@@ -80,18 +97,12 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
         step = trainer.current_step if trainer is not None else 0
         latest = checkpoint.latest(trainer.ckpt_root) if trainer is not None else None
         raise Interrupted(step, latest) from None
-    except RayActorError as error:
-        names = trainer.actor_names() if trainer is not None else {}
-        who = names.get(getattr(error, "actor_id", None) or "", "an actor of the run")
-        step = trainer.current_step if trainer is not None else 0
-        latest = checkpoint.latest(trainer.ckpt_root, log=lambda _: None) if trainer is not None else None
-        raise ActorDied(who, step, latest, _first_line(error)) from None
-    except RayTaskError as error:  # a survivor's collective may fail before the dead peer is reported
-        dead = trainer.dead_actor() if trainer is not None else None
-        if dead is None:
+    except (RayActorError, RayTaskError, ActorHung) as error:
+        what = _actor_failure(trainer, error)
+        if what is None:
             raise
-        latest = checkpoint.latest(trainer.ckpt_root, log=lambda _: None)
-        raise ActorDied(dead, trainer.current_step, latest, f"{type(error.cause).__name__} in a peer") from None
+        latest = checkpoint.latest(trainer.ckpt_root, log=lambda _: None) if trainer is not None else None
+        raise ActorFailed(what, trainer.current_step if trainer is not None else 0, latest) from None
     finally:
         stop_ray()
     print(f"curve: {plot_curves(run_dir)}", flush=True)

@@ -46,12 +46,10 @@ class CollectiveSync:
                    for i, a in enumerate(engines.actors)])
 
     def sync(self, version: int) -> dict[str, float]:
-        import ray
-
         self.engines.begin_update()
         receiving = [a.receive_weights.remote() for a in self.engines.actors]
         sent = self.group.call("stream_weights", self.bucket_bytes)[0]
-        ray.get(receiving)
+        self.engines.wait(receiving)
         self.engines.finish_update(version)
         return sent
 

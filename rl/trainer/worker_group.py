@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl.backends.base import DataParallelRank
+from rl.trainer.waiting import wait_all
 
 # Unix socket paths must stay under 108 bytes, and Ray appends up to ~64 characters to its temp dir
 # (`/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store`); longer run dirs get a linked short temp dir.
@@ -87,11 +88,15 @@ class WorkerGroup:
         self.actors = [actor.options(**options(rank)).remote(rank, num_workers, seed) for rank in range(num_workers)]
         self.size = num_workers
         self.places = ray.get([a.where.remote() for a in self.actors])
+        self.timeout_s: float | None = None  # trainer.actor_call_timeout_s
+
+    @property
+    def labels(self) -> list[str]:
+        """What each actor is, for messages about it."""
+        return [f"training worker rank {rank} ({place})" for rank, place in enumerate(self.places)]
 
     def named_actors(self) -> list[tuple[Any, str]]:
-        """(actor, what it is) for messages about it."""
-        return [(a, f"training worker rank {rank} ({place})")
-                for rank, (a, place) in enumerate(zip(self.actors, self.places, strict=True))]
+        return list(zip(self.actors, self.labels, strict=True))
 
     def setup(self, backend: str, policy_spec, ref_spec) -> None:
         """Every worker joins the process group and builds `backend` (`package.module:Class`) for each model."""
@@ -106,9 +111,8 @@ class WorkerGroup:
         return self.layout.size
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        import ray
-
-        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.actors])
+        return wait_all([getattr(a, method).remote(*args, **kwargs) for a in self.actors], self.labels,
+                        self.timeout_s)
 
     def call_sharded(self, method: str, shards: Sequence[Any], *args: Any) -> list[Any]:
         """Runs `method(shards[d], *args)` on every rank of data-parallel shard d; each shard goes into Ray's object
@@ -119,6 +123,7 @@ class WorkerGroup:
         if len(shards) != self.dp_size:
             raise ValueError(f"{method}: got {len(shards)} shards for a data-parallel size of {self.dp_size}")
         refs = [ray.put(shard) for shard in shards]
-        results = ray.get([getattr(actor, method).remote(refs[shard], *args)
-                           for actor, shard in zip(self.actors, self.layout.shard_of_rank, strict=True)])
+        results = wait_all([getattr(actor, method).remote(refs[shard], *args)
+                            for actor, shard in zip(self.actors, self.layout.shard_of_rank, strict=True)],
+                           self.labels, self.timeout_s)
         return [results[rank] for rank in self.layout.reporters]

@@ -77,6 +77,7 @@ RULES: tuple[Rule, ...] = (
     optional(at_least("trainer.policy.fused_kernel_chunk_size", 1)),
     at_least("trainer.seed", 0),
     at_least("trainer.fully_async.max_staleness_steps", 0),
+    optional(above("trainer.actor_call_timeout_s", 0)),
     *(interval(f"trainer.{name}") for name in ("ckpt_interval", "hf_save_interval", "eval_interval")),
     *(at_least(_OPT + name, 0, "a number") for name in ("lr", "weight_decay", "max_grad_norm")),
     at_least(_OPT + "lr_warmup_steps", 0),

@@ -264,6 +264,11 @@ class TrainerConfig:
     placement: PlacementConfig
     """Nodes and devices."""
 
+    actor_call_timeout_s: float | None
+    """Seconds any one call to the training workers or the generation engines (a generation, a logprob pass, a
+    mini-batch update, a weight push) may take before the run ends, naming the actors that did not answer and the
+    last complete checkpoint; null waits forever. Raise it for long generations on large models."""
+
     fully_async: FullyAsyncConfig
     """Generation overlapping training."""
 

@@ -1,6 +1,7 @@
-"""A generation engine or a training worker SIGKILLed in the middle of an asynchronous run: the launcher ends within
-60 s with exit code 1 and one line naming the actor (what it is, host, Ray node, pid), the step and the last
-complete checkpoint, which stays intact; no traceback."""
+"""A generation engine or a training worker SIGKILLed in the middle of an asynchronous run, or an engine stopped
+(SIGSTOP: it hangs, and trainer.actor_call_timeout_s is 30 s): the launcher ends within 60 s with exit code 1 and
+one line naming the actor (what it is, host, Ray node, pid), the step and the last complete checkpoint, which stays
+intact; no traceback."""
 
 import os
 import re
@@ -16,18 +17,23 @@ from tests.testing.tiny_job import make_tiny_job
 RUN = ["trainer.placement.colocate_all=false", "trainer.fully_async.enabled=true",
        "trainer.placement.policy_num_gpus_per_node=2", "trainer.micro_train_batch_size_per_gpu=1",
        "trainer.micro_forward_batch_size_per_gpu=1", "trainer.ckpt_interval=1"]
-PID = {"engine": r"(generation engine 0|engine 0): \S+ node \S+ pid (\d+)",
-       "worker": r"(rank 1): \S+ node \S+ pid (\d+)"}
-NAMED = {"engine": r"generation engine 0 \(\S+ node \S+ pid {pid} \(cpu, CPU cores \[0\]\)\)",
-         "worker": r"training worker rank 1 \(\S+ node \S+ pid {pid}\)"}
+ENGINE = r"generation engine 0 \(\S+ node \S+ pid {pid} \(cpu, CPU cores \[0\]\)\)"
+CASES = {  # victim: (its pid in the log, signal, how the last line names it)
+    "engine": (r"engine 0: \S+ node \S+ pid (\d+)", signal.SIGKILL, ENGINE + r" died \(.*\)"),
+    "worker": (r"rank 1: \S+ node \S+ pid (\d+)", signal.SIGKILL,
+               r"training worker rank 1 \(\S+ node \S+ pid {pid}\) died \(.*\)"),
+    "hung-engine": (r"engine 0: \S+ node \S+ pid (\d+)", signal.SIGSTOP,
+                    ENGINE + r" did not answer within 30 s \(trainer\.actor_call_timeout_s\)"),
+}
 
 
-@pytest.mark.parametrize("victim", ["engine", "worker"])
-def test_dead_actor_ends_the_run_naming_it(tmp_path, victim):
+@pytest.mark.parametrize("victim", CASES)
+def test_failed_actor_ends_the_run_naming_it(tmp_path, victim):
+    pid_pattern, sig, named = CASES[victim]
     job = make_tiny_job(str(tmp_path / "job"))
     run_dir = str(tmp_path / "run")
     log = open(tmp_path / "launcher.log", "w+")  # noqa: SIM115  (read during the run, closed below)
-    proc = start_train(run_dir, [*job.overrides(steps=300), *RUN], output=log)
+    proc = start_train(run_dir, [*job.overrides(steps=300), *RUN, "trainer.actor_call_timeout_s=30"], output=log)
     try:
         root = os.path.join(run_dir, "checkpoints")
         deadline = time.monotonic() + 300
@@ -35,15 +41,15 @@ def test_dead_actor_ends_the_run_naming_it(tmp_path, victim):
             assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach step 2"
             time.sleep(0.5)
         log.seek(0)
-        pid = int(re.search(PID[victim], log.read()).group(2))
-        os.kill(pid, signal.SIGKILL)
+        pid = int(re.search(pid_pattern, log.read()).group(1))
+        os.kill(pid, sig)
         killed = time.monotonic()
         assert proc.wait(timeout=60) == 1
         assert time.monotonic() - killed < 60
         log.seek(0)
         output = log.read()
         last = output.strip().splitlines()[-1]
-        assert re.fullmatch(rf"error: {NAMED[victim].format(pid=pid)} died at step \d+ \(.*\); last complete "
+        assert re.fullmatch(rf"error: {named.format(pid=pid)} at step \d+; last complete "
                             rf"checkpoint: .*global_step_\d+ \(resume with trainer\.resume_mode=latest\)", last), last
         assert "Traceback" not in output
         saved = re.search(r"last complete checkpoint: (\S+)", last).group(1)

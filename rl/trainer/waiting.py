@@ -1,0 +1,26 @@
+"""Waiting on calls to the run's actors with a limit (`trainer.actor_call_timeout_s`): a call that has not answered
+in time ends the run naming the actors that did not answer, instead of a run that hangs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class ActorHung(Exception):
+    def __init__(self, names: Sequence[str], timeout_s: float):
+        self.names = list(names)
+        super().__init__(f"{', '.join(self.names)} did not answer within {timeout_s:g} s "
+                         "(trainer.actor_call_timeout_s)")
+
+
+def wait_all(refs: Sequence[Any], names: Sequence[str], timeout_s: float | None) -> list[Any]:
+    """`ray.get(refs)`, or ActorHung naming the actor of each ref still pending after `timeout_s` (None: no limit)."""
+    import ray
+
+    try:
+        return ray.get(list(refs), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        raise ActorHung([name for ref, name in zip(refs, names, strict=True) if ref not in ready],
+                        timeout_s) from None
