@@ -1,6 +1,6 @@
 """Two Ray nodes (`ray.cluster_utils.Cluster`: two raylets on this machine, one CPU each) with one training worker
 each, joined with --ray_address: the placement spreads the workers over distinct nodes, and the run gives the same
-losses as one node with two workers (the oracle)."""
+losses as one node with two workers (the oracle). A node that leaves mid-run ends the run naming its worker."""
 
 import os
 import re
@@ -43,3 +43,44 @@ def test_two_nodes_train_like_one_node_with_two_workers(job, tmp_path):
         assert got["loss"] != 0
         for key in COMPARED:
             assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), (got["step"], key)
+
+
+def test_a_node_that_leaves_ends_the_run_naming_its_worker(job, tmp_path):
+    """The second node is removed mid-run (its raylet and the worker on it are gone): the launcher ends within 60 s
+    with exit code 1, naming the worker rank on that node, the step and the last complete checkpoint."""
+    import time
+
+    from ray.cluster_utils import Cluster
+
+    from rl.launch.subprocess_run import kill_group, start_train
+    from rl.trainer import checkpoint
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    log = open(tmp_path / "launcher.log", "w+")  # noqa: SIM115  (read during the run, closed below)
+    proc = None
+    try:
+        leaving = cluster.add_node(num_cpus=1)
+        run_dir = str(tmp_path / "run")
+        proc = start_train(run_dir, [*job.overrides(steps=300), "trainer.placement.policy_num_nodes=2",
+                                     "trainer.ckpt_interval=1", f"--ray_address={cluster.address}"], output=log)
+        deadline = time.monotonic() + 300
+        while not os.path.isdir(checkpoint.step_dir(os.path.join(run_dir, "checkpoints"), 2)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach step 2"
+            time.sleep(0.5)
+        log.seek(0)
+        ranks = dict(re.findall(r"rank (\d): \S+ node (\S+) pid", log.read()))
+        rank = next(r for r, node in ranks.items() if leaving.node_id.startswith(node))
+        cluster.remove_node(leaving)
+        left = time.monotonic()
+        assert proc.wait(timeout=60) == 1
+        assert time.monotonic() - left < 60
+        log.seek(0)
+        last = log.read().strip().splitlines()[-1]
+        assert re.fullmatch(rf"error: training worker rank {rank} \(\S+ node {ranks[rank]} pid \d+\) died \(.*\) "
+                            r"at step \d+; last complete checkpoint: .*global_step_\d+ \(resume with "
+                            r"trainer\.resume_mode=latest\)", last), last
+    finally:
+        if proc is not None:
+            kill_group(proc.pid)
+        log.close()
+        cluster.shutdown()
