@@ -6,10 +6,12 @@ at every step), the staleness bound itself (each step's `policy_lag`, the versio
 rollouts, never exceeds it, and reaches it once the queue is full), and learning: the embedded default trained
 asynchronously still reaches 0.7 validation accuracy at step 40."""
 
+import itertools
 import os
 
 import pytest
 
+from rl.trainer import checkpoint
 from rl.trainer.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 
@@ -70,12 +72,35 @@ def test_no_staleness_is_the_synchronous_schedule(job, separate, tmp_path):
             assert row[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), (row["step"], key)
 
 
+def _positions_after_each_batch(job, steps: int) -> list[tuple[int, int]]:
+    """(epoch, index) after 1..steps batches of the tiny job's prompts, in the order a run draws them."""
+    from rl.core.data import iter_batches, load_prompt_dataset
+
+    batches = iter_batches(load_prompt_dataset([job.train_data]), 4, seed=42)
+    return [(batch.next_position.epoch, batch.next_position.index) for batch in itertools.islice(batches, steps)]
+
+
 @pytest.mark.parametrize("bound", [1, 2])
 def test_rollouts_never_lag_more_than_the_bound(job, tmp_path, bound):
-    rows, _ = _run(job, str(tmp_path / f"async{bound}"), _asynchronous(bound))
+    """Also: a checkpoint saves the data position after the last trained batch, not after the queued ones, and a
+    run resumed from one regenerates the queue from the restored weights."""
+    run_dir = str(tmp_path / f"async{bound}")
+    rows, _ = _run(job, run_dir, [*_asynchronous(bound), "trainer.ckpt_interval=1"])
     assert [row["policy_lag"] for row in rows] == [min(bound, step - 1) for step in range(1, STEPS + 1)]
     assert all(row["stale_dropped"] == 0 for row in rows)
     assert all(row["queued_batches"] <= bound for row in rows)
+    root = os.path.join(run_dir, "checkpoints")
+    saved = [checkpoint.read_trainer_state(checkpoint.step_dir(root, step)) for step in range(1, STEPS + 1)]
+    assert [(state["epoch"], state["index"]) for state in saved] == _positions_after_each_batch(job, STEPS)
+    if bound == 2:
+        result = run_train(run_dir, [*job.overrides(steps=STEPS), "data.reward_fn=gsm8k_flexible",
+                                     "trainer.algorithm.use_entropy_loss=true", *_asynchronous(bound),
+                                     f"trainer.resume_mode={checkpoint.step_dir(root, 2)}"])
+        assert result.returncode == 0, result.stderr[-5000:]
+        resumed = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+        assert [row["step"] for row in resumed] == list(range(1, STEPS + 1)), "each step once"
+        assert resumed[:2] == rows[:2], "the steps before the checkpoint stay as they were"
+        assert [row["policy_lag"] for row in resumed[2:]] == [0, 1], "the queue starts again from step 3"
 
 
 def test_embedded_default_learns_asynchronously(tmp_path):
