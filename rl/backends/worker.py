@@ -41,16 +41,17 @@ class TrainingWorker:
             sock.bind(("", 0))
             return socket.gethostbyname(socket.gethostname()), sock.getsockname()[1]
 
-    def setup(self, master_addr: str, master_port: int, backend: str, policy: ModelSpec, ref: ModelSpec | None
-              ) -> None:
+    def setup(self, master_addr: str, master_port: int, backend: str, policy: ModelSpec | None,
+              ref: ModelSpec | None) -> None:
+        """Builds the policy and/or the reference model (a group of its own may hold only the reference)."""
         torch.manual_seed(self.seed)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         dist_info = init_distributed(self.rank, self.world_size, master_addr, master_port)
-        self.policy = build_backend(backend, policy, dist_info)
+        self.policy = build_backend(backend, policy, dist_info) if policy is not None else None
         self.ref = build_backend(backend, ref, dist_info) if ref is not None else None
 
     def data_parallel_rank(self) -> DataParallelRank:
-        return self.policy.data_parallel_rank()
+        return (self.policy or self.ref).data_parallel_rank()
 
     def logprobs(self, micro_batches: list[PackedBatch], model: str = "policy", with_entropy: bool = False
                  ) -> list[torch.Tensor] | None:

@@ -88,14 +88,23 @@ def model_specs(cfg, model_path: str) -> tuple[ModelSpec, ModelSpec | None]:
     return policy, ModelSpec(role="ref", backend_options=strategy.backend_options(cfg, "ref"), **common)
 
 
-def make_worker_group(cfg, model_path: str, world_size: int, placement: Placement) -> WorkerGroup:
-    if placement.plan.worker_cores:
-        options = placement.worker_options  # pinned to the cores the engines leave
-    else:
-        threads = 1 if torch.cuda.is_available() else max(1, (os.cpu_count() or 1) // world_size)
-        options = lambda rank: {**placement.worker_options(rank),  # noqa: E731
-                                "runtime_env": {"env_vars": {**ACTOR_ENV, "OMP_NUM_THREADS": str(threads)}}}
-    group = WorkerGroup(world_size, seed=cfg.trainer.seed, options=options)
+def make_worker_groups(cfg, model_path: str, placement: Placement) -> tuple[WorkerGroup, WorkerGroup | None]:
+    """The policy's workers (holding the reference too, unless it has a group of its own), and that group."""
+    plan, backend = placement.plan, STRATEGIES.get(cfg.trainer.strategy).backend
     policy, ref = model_specs(cfg, model_path)
-    group.setup(STRATEGIES.get(cfg.trainer.strategy).backend, policy, ref)
-    return group
+    group = WorkerGroup(plan.workers, seed=cfg.trainer.seed, options=_options(placement.worker_options, plan))
+    group.setup(backend, policy, None if plan.ref_workers else ref)
+    if not plan.ref_workers:
+        return group, None
+    ref_group = WorkerGroup(plan.ref_workers, seed=cfg.trainer.seed,
+                            options=_options(placement.ref_worker_options, plan))
+    ref_group.setup(backend, None, ref)
+    return group, ref_group
+
+
+def _options(placed, plan):
+    """Ray options of a worker rank: its bundle, and its cores or thread count."""
+    if plan.worker_cores:
+        return placed  # pinned to the cores the engines leave
+    threads = 1 if torch.cuda.is_available() else max(1, (os.cpu_count() or 1) // (plan.workers + plan.ref_workers))
+    return lambda rank: {**placed(rank), "runtime_env": {"env_vars": {**ACTOR_ENV, "OMP_NUM_THREADS": str(threads)}}}

@@ -42,15 +42,22 @@ class Trainer:
         self.engine = components.make_engine(cfg, self.model_path, self.tokenizer, self.placement)
         print(f"generation: {cfg.generator.backend} engine on {self.engine.device}", flush=True)
         self.world = policy_world_size(cfg)
-        self.group = components.make_worker_group(cfg, self.model_path, self.world, self.placement)
+        self.group, self.ref_group = components.make_worker_groups(cfg, self.model_path, self.placement)
         print("training workers: " + ", ".join(f"rank {r}: {p}" for r, p in enumerate(self.group.places)), flush=True)
-        self.group.timeout_s = cfg.trainer.actor_call_timeout_s
+        if self.ref_group is not None:
+            print("reference workers: " + ", ".join(f"rank {r}: {p}" for r, p in enumerate(self.ref_group.places)),
+                  flush=True)
+        for group in (self.group, self.ref_group):
+            if group is not None:
+                group.timeout_s = cfg.trainer.actor_call_timeout_s
         if isinstance(self.engine, RemoteEngines):
             self.engine.timeout_s = cfg.trainer.actor_call_timeout_s
         self.weight_sync = make_weight_sync(cfg, self.group, self.engine)
         pad = self.tokenizer.pad_token_id or 0
         self.forward_batching = micro_batching(cfg, self.group.dp_size, pad, train=False)
         self.train_batching = micro_batching(cfg, self.group.dp_size, pad, train=True)
+        self.ref_pass = ((self.ref_group, micro_batching(cfg, self.ref_group.dp_size, pad, train=False))
+                         if self.ref_group is not None else None)
         self.on_policy = skips_old_logprob_pass(
             cfg, is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size))
         self.ckpt_root = cfg.trainer.ckpt_path or os.path.join(run_dir, "checkpoints")
@@ -65,8 +72,9 @@ class Trainer:
 
     def actors(self) -> list[tuple[object, str]]:
         """(Ray actor handle, which worker or engine it is) of every actor built so far."""
-        group, engine = getattr(self, "group", None), getattr(self, "engine", None)
-        found = group.named_actors() if group is not None else []
+        groups = [getattr(self, "group", None), getattr(self, "ref_group", None)]
+        engine = getattr(self, "engine", None)
+        found = [named for group in groups if group is not None for named in group.named_actors()]
         return found + (engine.named_actors() if isinstance(engine, RemoteEngines) else [])
 
     def actor_names(self) -> dict[str, str]:
@@ -149,7 +157,7 @@ class Trainer:
         experience = build_experience(rollouts, rewards, algo.advantage_estimator, algo.grpo_norm_by_std,
                                       algo.gamma, algo.lambd)
         scored = time.perf_counter()
-        compute_logprobs(self.group, self.forward_batching, experience, has_ref=algo.use_kl_loss,
+        compute_logprobs(self.group, self.forward_batching, experience, has_ref=algo.use_kl_loss, ref=self.ref_pass,
                          on_policy=self.on_policy)
         forwarded = time.perf_counter()
         mismatch = measure_and_correct(experience, algo.off_policy_correction)

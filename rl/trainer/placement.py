@@ -29,7 +29,9 @@ class Plan:
     engines: int  # engines on bundles of their own (0 when colocated)
     engine_devices: int
     gpu: bool
-    worker_cores: tuple[int, ...] | None = None  # CPU machines with engines of their own
+    ref_nodes: int = 0  # a reference group of its own (0: the reference runs on the policy's workers)
+    ref_per_node: int = 0
+    worker_cores: tuple[int, ...] | None = None  # CPU machines with engines of their own (reference workers too)
     engine_cores: tuple[tuple[int, ...], ...] | None = None
 
     @property
@@ -37,17 +39,26 @@ class Plan:
         return self.nodes * self.per_node
 
     @property
+    def ref_workers(self) -> int:
+        return self.ref_nodes * self.ref_per_node
+
+    @property
     def slots(self) -> int:
         """Devices the plan needs (logical CPU slots on a CPU machine)."""
-        return self.workers + self.engines * self.engine_devices
+        return self.workers + self.ref_workers + self.engines * self.engine_devices
 
 
 def make_plan(cfg, gpu: bool, cores: int) -> Plan:
+    from rl.core.config.parallel import ref_placement
+
     placement, gen = cfg.trainer.placement, cfg.generator
     separate = not placement.colocate_all
     engines = gen.num_inference_engines if separate else 0
+    own_ref = separate and not placement.colocate_policy_ref and cfg.trainer.algorithm.use_kl_loss
+    ref_nodes, ref_per_node = ref_placement(cfg) if own_ref else (0, 0)
     plan = Plan(nodes=placement.policy_num_nodes, per_node=placement.policy_num_gpus_per_node, engines=engines,
-                engine_devices=gen.inference_engine_tensor_parallel_size, gpu=gpu)
+                engine_devices=gen.inference_engine_tensor_parallel_size, gpu=gpu, ref_nodes=ref_nodes,
+                ref_per_node=ref_per_node)
     if gpu or not separate or cores <= engines:
         return plan
     engine_cores = tuple((core,) for core in range(engines))
@@ -87,10 +98,12 @@ class Placement:
         from ray.util.placement_group import placement_group
 
         self.plan, self.env = plan, env
-        worker_bundle = {"GPU": plan.per_node, "CPU": plan.per_node} if plan.gpu else {"CPU": plan.per_node}
-        self.workers = placement_group([dict(worker_bundle) for _ in range(plan.nodes)],
-                                       strategy="STRICT_SPREAD" if plan.nodes > 1 else "PACK")
+        self.workers = self._worker_group(plan.nodes, plan.per_node)
         groups = [self.workers]
+        self.ref_workers = None
+        if plan.ref_workers:
+            self.ref_workers = self._worker_group(plan.ref_nodes, plan.ref_per_node)
+            groups.append(self.ref_workers)
         self.engines = None
         if plan.engines:
             engine_bundle = {"GPU": plan.engine_devices, "CPU": 1} if plan.gpu else {"CPU": plan.engine_devices}
@@ -102,12 +115,25 @@ class Placement:
                                    f"({ray.available_resources()} available); lower trainer.placement.* or "
                                    "generator.num_inference_engines, or add nodes")
 
+    def _worker_group(self, nodes: int, per_node: int):
+        from ray.util.placement_group import placement_group
+
+        bundle = {"GPU": per_node, "CPU": per_node} if self.plan.gpu else {"CPU": per_node}
+        return placement_group([dict(bundle) for _ in range(nodes)], strategy="STRICT_SPREAD" if nodes > 1 else "PACK")
+
     def worker_options(self, rank: int) -> dict[str, Any]:
+        return self._options(self.workers, rank // self.plan.per_node, 1, self._worker_env())
+
+    def ref_worker_options(self, rank: int) -> dict[str, Any]:
+        return self._options(self.ref_workers, rank // self.plan.ref_per_node, 1, self._worker_env())
+
+    def _worker_env(self) -> dict[str, str]:
         env = dict(self.env)
         if self.plan.worker_cores:
             env[CORES_ENV] = encode(self.plan.worker_cores)
-            env["OMP_NUM_THREADS"] = str(max(1, len(self.plan.worker_cores) // self.plan.workers))
-        return self._options(self.workers, rank // self.plan.per_node, 1, env)
+            sharing = self.plan.workers + self.plan.ref_workers
+            env["OMP_NUM_THREADS"] = str(max(1, len(self.plan.worker_cores) // sharing))
+        return env
 
     def engine_options(self, index: int) -> dict[str, Any]:
         env = dict(self.env)
@@ -126,6 +152,9 @@ class Placement:
     def describe(self) -> str:
         plan = self.plan
         where = f"{plan.workers} training worker(s) on {plan.nodes} node(s) x {plan.per_node}"
+        if plan.ref_workers:
+            where += f"; the reference model on {plan.ref_workers} worker(s) of its own ({plan.ref_nodes} x " \
+                     f"{plan.ref_per_node})"
         if plan.engines:
             where += f"; {plan.engines} engine(s) on their own {plan.engine_devices} device(s) each"
         if plan.engine_cores:

@@ -18,18 +18,24 @@ def micro_batching(cfg, dp_size: int, pad_token_id: int, train: bool) -> MicroBa
 
 
 def compute_logprobs(group: WorkerGroup, batching: MicroBatching, experience: Experience, has_ref: bool,
-                     on_policy: bool = False) -> None:
+                     on_policy: bool = False, ref: tuple[WorkerGroup, MicroBatching] | None = None) -> None:
     """Adds old_logprobs (policy before the update) and, with a reference model, ref_logprobs to every sequence.
 
     `on_policy` (one optimizer step per rollout batch): the policy's pass is skipped, since its logprobs are the
     ones the training forward computes before the only update; the loss then takes them detached as the old ones.
+    `ref`: the reference model's own group and micro-batching, when it has workers of its own (its pass then runs
+    beside the policy's); otherwise the reference lives on the policy's workers.
     """
-    batches = batching.split(experience.sequences)
-    passes = [("policy", "old_logprobs")] if not on_policy else []
-    passes += [("ref", "ref_logprobs")] if has_ref else []
-    for model, field in passes:
-        results = group.call_sharded("logprobs", batches, model)
-        attach(experience.sequences, field, gather(batches, results, len(experience.sequences)))
+    sequences = experience.sequences
+    batches = batching.split(sequences)
+    passes = [("old_logprobs", group, batches, "policy")] if not on_policy else []
+    if has_ref:
+        ref_group, ref_batches = (ref[0], ref[1].split(sequences)) if ref is not None else (group, batches)
+        passes.append(("ref_logprobs", ref_group, ref_batches, "ref"))
+    started = [(field, owner, shards, owner.submit_sharded("logprobs", shards, model))
+               for field, owner, shards, model in passes]
+    for field, owner, shards, pending in started:
+        attach(sequences, field, gather(shards, owner.collect_sharded(pending), len(sequences)))
 
 
 def is_on_policy(train_batch_size: int, policy_mini_batch_size: int) -> bool:

@@ -89,11 +89,12 @@ class WorkerGroup:
         self.size = num_workers
         self.places = ray.get([a.where.remote() for a in self.actors])
         self.timeout_s: float | None = None  # trainer.actor_call_timeout_s
+        self.role = "training worker"
 
     @property
     def labels(self) -> list[str]:
         """What each actor is, for messages about it."""
-        return [f"training worker rank {rank} ({place})" for rank, place in enumerate(self.places)]
+        return [f"{self.role} rank {rank} ({place})" for rank, place in enumerate(self.places)]
 
     def named_actors(self) -> list[tuple[Any, str]]:
         return list(zip(self.actors, self.labels, strict=True))
@@ -104,6 +105,8 @@ class WorkerGroup:
 
         host, port = ray.get(self.actors[0].address.remote())
         self.call("setup", host, port, backend, policy_spec, ref_spec)
+        if policy_spec is None:
+            self.role = "reference worker"
         self.layout = DataParallelLayout.of(self.call("data_parallel_rank"))
 
     @property
@@ -118,12 +121,18 @@ class WorkerGroup:
         """Runs `method(shards[d], *args)` on every rank of data-parallel shard d; each shard goes into Ray's object
         store once and is read by the ranks of its model-parallel group. Returns the reporting rank's result of
         each shard, in shard order."""
+        return self.collect_sharded(self.submit_sharded(method, shards, *args))
+
+    def submit_sharded(self, method: str, shards: Sequence[Any], *args: Any) -> list[Any]:
+        """`call_sharded` started without waiting: the pending result of every rank."""
         import ray
 
         if len(shards) != self.dp_size:
             raise ValueError(f"{method}: got {len(shards)} shards for a data-parallel size of {self.dp_size}")
         refs = [ray.put(shard) for shard in shards]
-        results = wait_all([getattr(actor, method).remote(refs[shard], *args)
-                            for actor, shard in zip(self.actors, self.layout.shard_of_rank, strict=True)],
-                           self.labels, self.timeout_s)
+        return [getattr(actor, method).remote(refs[shard], *args)
+                for actor, shard in zip(self.actors, self.layout.shard_of_rank, strict=True)]
+
+    def collect_sharded(self, pending: list[Any]) -> list[Any]:
+        results = wait_all(pending, self.labels, self.timeout_s)
         return [results[rank] for rank in self.layout.reporters]

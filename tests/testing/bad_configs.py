@@ -233,6 +233,12 @@ BAD = {
         ["trainer.placement.colocate_all=false", "trainer.placement.policy_num_gpus_per_node=2",
          "trainer.placement.ref_num_gpus_per_node=1"],
         "trainer.placement.ref_num_gpus_per_node", ("runs on the policy's workers",)),
+    "own_reference_group_while_colocated": Bad(["trainer.placement.colocate_policy_ref=false"],
+                                               "trainer.placement.colocate_policy_ref",
+                                               ("set trainer.placement.colocate_all=false",)),
+    "own_reference_group_without_a_reference": Bad(
+        ["trainer.placement.colocate_all=false", "trainer.placement.colocate_policy_ref=false",
+         "trainer.algorithm.use_kl_loss=false"], "trainer.placement.colocate_policy_ref", ("no reference model",)),
     "async_colocated": Bad(["trainer.fully_async.enabled=true"], "trainer.fully_async.enabled",
                            ("trainer.placement.colocate_all=false",)),
     "unknown_weight_sync_backend": Bad(["generator.weight_sync_backend=mpi"], "generator.weight_sync_backend",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rl.core.config import strategies
 from rl.core.config.errors import Problems
 from rl.core.config.parallel import parallel_sizes, ref_placement
 from rl.core.config.schema import Config
@@ -79,12 +80,27 @@ def check_colocation(cfg: Config, problems: Problems) -> None:
             f"is true but the reference placement {ref[0]}x{ref[1]} (ref_num_nodes x ref_num_gpus_per_node) "
             f"differs from the policy's {policy[0]}x{policy[1]}; {fix}",
         )
-    elif policy != ref:
+    elif policy != ref and placement.colocate_policy_ref:
         problems.add(
             "trainer.placement.ref_num_gpus_per_node",
-            f"gives the reference model {ref[0]}x{ref[1]} devices, but it runs on the policy's workers "
-            f"({policy[0]}x{policy[1]}); a reference group of its own is not implemented; {fix}",
+            f"gives the reference model {ref[0]}x{ref[1]} devices, but with trainer.placement.colocate_policy_ref="
+            f"true it runs on the policy's workers ({policy[0]}x{policy[1]}); {fix}, or set colocate_policy_ref=false",
         )
+    if not placement.colocate_policy_ref:
+        if placement.colocate_all:
+            problems.add("trainer.placement.colocate_policy_ref",
+                         "is false, but trainer.placement.colocate_all=true puts every model on the same devices; "
+                         "set trainer.placement.colocate_all=false for a reference group of its own")
+        elif not cfg.trainer.algorithm.use_kl_loss:
+            problems.add("trainer.placement.colocate_policy_ref",
+                         "is false, but trainer.algorithm.use_kl_loss=false has no reference model to place; "
+                         "leave it true")
+        elif (strategy := strategies.selected(cfg)) is not None:
+            size, key = strategy.model_parallel_size(cfg)
+            if size >= 1 and (ref[0] * ref[1]) % size:
+                problems.add("trainer.placement.ref_num_gpus_per_node",
+                             f"the reference group's {ref[0]}x{ref[1]} devices are not a multiple of the "
+                             f"model-parallel size {size} ({key}); give it a multiple")
     if cfg.trainer.fully_async.enabled and placement.colocate_all:
         problems.add(
             "trainer.fully_async.enabled",

@@ -81,8 +81,8 @@ class PlacementConfig:
     """`true`: the policy, the reference model and the generation engines share devices and take turns (the HF
     engine in the driver, vLLM engines sleeping while the workers train). `false`: the engines get devices of their
     own (`generator.num_inference_engines` x `inference_engine_tensor_parallel_size` bundles, one CPU core each on
-    a CPU machine), so generation can overlap training (`trainer.fully_async`). The reference model runs on the
-    policy's workers either way: leave ref_* null."""
+    a CPU machine), so generation can overlap training (`trainer.fully_async`), and the reference model may get
+    workers of its own (`colocate_policy_ref=false`)."""
 
     policy_num_nodes: int
     """Nodes of the policy's training group."""
@@ -91,8 +91,13 @@ class PlacementConfig:
     """Devices per node of the policy's training group. The world size of every parallelism rule is
     policy_num_nodes * policy_num_gpus_per_node."""
 
+    colocate_policy_ref: bool
+    """With colocate_all=false: `true` runs the reference model on the policy's workers; `false` gives it a worker
+    group of its own (`ref_num_nodes` x `ref_num_gpus_per_node` devices), whose logprob pass runs beside the
+    policy's."""
+
     ref_num_nodes: int | None
-    """Nodes of the reference model's group; null follows the policy (required with colocate_all)."""
+    """Nodes of the reference model's group; null follows the policy (required unless colocate_policy_ref=false)."""
 
     ref_num_gpus_per_node: int | None
     """Devices per node of the reference model's group; null follows the policy."""

@@ -63,6 +63,21 @@ def test_collective_and_object_store_transports_give_the_same_run(job, separate,
             assert row[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), (row["step"], key)
 
 
+def test_reference_on_workers_of_its_own_computes_the_same(job, separate, tmp_path):
+    """`colocate_policy_ref=false`: the reference model on a group of two workers of its own (its logprob pass
+    beside the policy's) gives the same KL, and so the same run, as the reference on the policy's worker."""
+    rows, stdout = _run(job, str(tmp_path / "own-reference"),
+                        [*SEPARATE, "trainer.placement.colocate_policy_ref=false",
+                         "trainer.placement.ref_num_gpus_per_node=2"])
+    assert "the reference model on 2 worker(s) of its own (1 x 2)" in stdout
+    assert stdout.count("reference workers: rank 0:") == 1 and "rank 1:" in stdout.split("reference workers:")[1]
+    expected, _ = separate
+    assert any(row["kl"] != 0 for row in rows)
+    for row, want in zip(rows, expected, strict=True):
+        for key in COMPARED:
+            assert row[key] == pytest.approx(want[key], rel=1e-5, abs=1e-8), (row["step"], key)
+
+
 def test_no_staleness_is_the_synchronous_schedule(job, separate, tmp_path):
     rows, _ = _run(job, str(tmp_path / "async0"), _asynchronous(0))
     expected, _ = separate
