@@ -46,10 +46,13 @@ class CollectiveSync:
                    for i, a in enumerate(engines.actors)])
 
     def sync(self, version: int) -> dict[str, float]:
+        from rl.trainer.waiting import wait_all
+
         self.engines.begin_update()
         receiving = [a.receive_weights.remote() for a in self.engines.actors]
-        sent = self.group.call("stream_weights", self.bucket_bytes)[0]
-        self.engines.wait(receiving)
+        streaming = self.group.submit("stream_weights", self.bucket_bytes)
+        # one wait for both sides: a member that stops answering holds up the others, and all of them are named
+        sent = wait_all(streaming + receiving, self.group.labels + self.engines.labels, self.group.timeout_s)[0]
         self.engines.finish_update(version)
         return sent
 

@@ -114,8 +114,11 @@ class WorkerGroup:
         return self.layout.size
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return wait_all([getattr(a, method).remote(*args, **kwargs) for a in self.actors], self.labels,
-                        self.timeout_s)
+        return wait_all(self.submit(method, *args, **kwargs), self.labels, self.timeout_s)
+
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """`call` started without waiting: every rank's pending result."""
+        return [getattr(a, method).remote(*args, **kwargs) for a in self.actors]
 
     def call_sharded(self, method: str, shards: Sequence[Any], *args: Any) -> list[Any]:
         """Runs `method(shards[d], *args)` on every rank of data-parallel shard d; each shard goes into Ray's object

@@ -22,8 +22,9 @@ CASES = {  # victim: (its pid in the log, signal, how the last line names it)
     "engine": (r"engine 0: \S+ node \S+ pid (\d+)", signal.SIGKILL, ENGINE + r" died \(.*\)"),
     "worker": (r"rank 1: \S+ node \S+ pid (\d+)", signal.SIGKILL,
                r"training worker rank 1 \(\S+ node \S+ pid {pid}\) died \(.*\)"),
+    # a stopped engine holds up whoever waits on it (rank 0 streaming weights to it): all of them are named
     "hung-engine": (r"engine 0: \S+ node \S+ pid (\d+)", signal.SIGSTOP,
-                    ENGINE + r" did not answer within 30 s \(trainer\.actor_call_timeout_s\)"),
+                    r"(.*, )?" + ENGINE + r"(, .*)? did not answer within 30 s \(trainer\.actor_call_timeout_s\)"),
 }
 
 
