@@ -37,9 +37,6 @@ class EngineActor:
         cores = f", CPU cores {list(self.cores)}" if self.cores else ""
         return f"{socket.gethostname()} node {node} pid {os.getpid()} ({self.engine.device}{cores})"
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
-        return self.generate_versioned(prompts, params)[1]
-
     def generate_versioned(self, prompts: list[list[int]], params: SamplingParams) -> tuple[int, list[Rollout]]:
         """(the policy version of the weights used, the rollouts)."""
         if self.updating:

@@ -10,7 +10,7 @@ import time
 import torch
 
 from rl.core.algorithms import LossSettings
-from rl.core.config import config_to_dict, policy_world_size
+from rl.core.config import config_to_dict
 from rl.core.data import BatchPosition, batches_per_epoch, iter_batches
 from rl.core.rewards import REWARD_FUNCTIONS
 from rl.tasks import rewards as _task_rewards  # noqa: F401  (registers the tasks' reward functions)
@@ -41,7 +41,6 @@ class Trainer:
         print(f"placement: {self.placement.describe()}", flush=True)
         self.engine = components.make_engine(cfg, self.model_path, self.tokenizer, self.placement)
         print(f"generation: {cfg.generator.backend} engine on {self.engine.device}", flush=True)
-        self.world = policy_world_size(cfg)
         self.group, self.ref_group = components.make_worker_groups(cfg, self.model_path, self.placement)
         print("training workers: " + ", ".join(f"rank {r}: {p}" for r, p in enumerate(self.group.places)), flush=True)
         if self.ref_group is not None:

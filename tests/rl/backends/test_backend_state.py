@@ -13,7 +13,7 @@ from rl.backends.dist import init_distributed
 from rl.backends.hf_model import save_hf_checkpoint
 from rl.backends.registry import build_backend
 from rl.core.algorithms import LossNormalizer, LossSettings
-from rl.core.packing import pack_sequences
+from tests.testing.backend_steps import small_batch, train_step
 from tests.testing.tiny_job import make_tiny_job
 
 
@@ -23,26 +23,6 @@ def model_path(tmp_path_factory):
     assert info.device.type == "cpu"
     yield make_tiny_job(str(tmp_path_factory.mktemp("job"))).model_path
     dist.destroy_process_group()
-
-
-def _batch():
-    g = torch.Generator().manual_seed(0)
-    seqs = []
-    for n in (6, 9, 4):
-        mask = torch.arange(n) >= 2
-        seqs.append({"input_ids": torch.randint(3, 20, (n,), generator=g), "loss_mask": mask,
-                     "advantages": torch.randn(n, generator=g) * mask, "old_logprobs": torch.zeros(n)})
-    return pack_sequences(seqs)
-
-
-def _train_step(backend):
-    batch = _batch()
-    old, _ = backend.logprobs(batch)
-    batch = batch.replace(old_logprobs=old)
-    settings = LossSettings(use_kl_loss=False)
-    normalizer = LossNormalizer.from_counts("token_mean", int(batch.loss_mask.sum()), 3)
-    backend.forward_backward(batch, settings, normalizer)
-    return backend.optimizer_step()
 
 
 STRATEGIES = ["deepspeed", "fsdp", "fsdp2"]
@@ -56,13 +36,13 @@ def _backend(path, strategy):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_export_loads_in_transformers_with_the_trained_weights(model_path, tmp_path, strategy):
     backend = _backend(model_path, strategy)
-    assert _train_step(backend)["grad_norm"] > 0
+    assert train_step(backend)["grad_norm"] > 0
     state = backend.full_state_dict()
     out = str(tmp_path / "export")
     save_hf_checkpoint(model_path, state, out)
     loaded = AutoModelForCausalLM.from_pretrained(out).eval()
     original = AutoModelForCausalLM.from_pretrained(model_path).eval()
-    batch = _batch()
+    batch = small_batch()
     with torch.no_grad():
         trained_lp, _ = backend.logprobs(batch)
     from rl.backends.hf_forward import batch_logprobs
@@ -78,14 +58,14 @@ def test_export_loads_in_transformers_with_the_trained_weights(model_path, tmp_p
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_checkpoint_round_trip_restores_training_exactly(model_path, tmp_path, strategy):
     first = _backend(model_path, strategy)
-    _train_step(first)
+    train_step(first)
     first.save_checkpoint(str(tmp_path / "ckpt"))
-    expected = _train_step(first)
+    expected = train_step(first)
     expected_state = first.full_state_dict()
 
     second = _backend(model_path, strategy)
     second.load_checkpoint(str(tmp_path / "ckpt"))
-    got = _train_step(second)
+    got = train_step(second)
     assert got == expected
     for name, tensor in second.full_state_dict().items():
         torch.testing.assert_close(tensor, expected_state[name], rtol=0, atol=0)
@@ -99,7 +79,7 @@ def test_on_policy_step_without_old_logprobs_equals_the_recomputed_one(model_pat
     results = {}
     for name in ("recomputed", "on_policy"):
         backend = _backend(model_path, "fsdp2")
-        batch = _batch()
+        batch = small_batch()
         old = backend.logprobs(batch)[0] if name == "recomputed" else None
         normalizer = LossNormalizer.from_counts("token_mean", int(batch.loss_mask.sum()), 3)
         metrics = backend.forward_backward(batch.replace(old_logprobs=old), settings, normalizer)
@@ -126,7 +106,7 @@ def test_cpu_offload_on_a_cpu_machine_trains_like_without_it(model_path, strateg
                                                         backend_options={"cpu_offload": offload}), info)
              for offload in (False, True)}
     assert "nothing to offload" in capsys.readouterr().out
-    batch = _batch()
+    batch = small_batch()
     torch.testing.assert_close(built[True].logprobs(batch)[0], built[False].logprobs(batch)[0], rtol=0, atol=0)
     if role == "policy":
-        assert _train_step(built[True]) == pytest.approx(_train_step(built[False]))
+        assert train_step(built[True]) == pytest.approx(train_step(built[False]))

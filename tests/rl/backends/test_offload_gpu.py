@@ -9,8 +9,7 @@ import torch.distributed as dist
 from rl.backends.base import ModelSpec
 from rl.backends.dist import init_distributed
 from rl.backends.registry import build_backend
-from rl.core.algorithms import LossNormalizer, LossSettings
-from rl.core.packing import pack_sequences
+from tests.testing.backend_steps import small_batch, train_step
 from tests.testing.tiny_job import make_tiny_job
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -22,16 +21,6 @@ def model_path(tmp_path_factory):
     assert info.device.type == "cuda"
     yield make_tiny_job(str(tmp_path_factory.mktemp("job"))).model_path
     dist.destroy_process_group()
-
-
-def _batch():
-    g = torch.Generator().manual_seed(0)
-    seqs = []
-    for n in (6, 9, 4):
-        mask = torch.arange(n) >= 2
-        seqs.append({"input_ids": torch.randint(3, 20, (n,), generator=g), "loss_mask": mask,
-                     "advantages": torch.randn(n, generator=g) * mask, "old_logprobs": torch.zeros(n)})
-    return pack_sequences(seqs)
 
 
 def _parameter_devices(backend) -> set[str]:
@@ -47,16 +36,10 @@ def test_offloaded_parameters_live_on_the_host_and_compute_the_same(model_path, 
              for offload in (False, True)}
     assert _parameter_devices(built[True]) == {"cpu"}, "offloaded parameters wait in host memory"
     assert _parameter_devices(built[False]) == {"cuda"}
-    batch = _batch()
+    batch = small_batch()
     torch.testing.assert_close(built[True].logprobs(batch)[0].cpu(), built[False].logprobs(batch)[0].cpu(),
                                rtol=1e-5, atol=1e-5)
     if role == "policy":
-        settings = LossSettings(use_kl_loss=False)
-        steps = []
-        for offload in (False, True):
-            backend = built[offload]
-            normalizer = LossNormalizer.from_counts("token_mean", int(batch.loss_mask.sum()), 3)
-            backend.forward_backward(batch.replace(old_logprobs=backend.logprobs(batch)[0]), settings, normalizer)
-            steps.append(backend.optimizer_step())
-            assert _parameter_devices(backend) == ({"cpu"} if offload else {"cuda"})
+        steps = [train_step(built[offload]) for offload in (False, True)]
+        assert _parameter_devices(built[True]) == {"cpu"} and _parameter_devices(built[False]) == {"cuda"}
         assert steps[1]["grad_norm"] == pytest.approx(steps[0]["grad_norm"], rel=1e-4)
