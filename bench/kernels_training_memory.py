@@ -174,7 +174,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sequences", type=int, default=4)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--chunk-size", type=int, default=None,
-                        help="tokens per chunk (trainer.policy.fused_kernel_chunk_size); default: ~128 MiB of logits")
+                        help="tokens per chunk (trainer.policy.fused_kernel_chunk_size); default: ~64 MiB of logits")
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="trainer.gradient_checkpointing=true in the HF strategies (the body's activations are "
                              "recomputed in backward instead of kept from the forward)")

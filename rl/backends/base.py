@@ -54,6 +54,11 @@ class ModelSpec:
 class TrainingBackend(abc.ABC):
     """One model on one worker. Subclasses implement `wrap_model` and the checkpoint/export methods."""
 
+    # On the fused path with tied embeddings, compute the LM head's weight gradient at the end of backward (one
+    # more [tokens, V] matmul) so that it never coexists with the body's activations; worth it where the gathered
+    # tied weight stays alive through the step anyway (FSDP2's root), see `rl.backends.tied_grad`.
+    defer_tied_head_grad = False
+
     def __init__(self, spec: ModelSpec, dist_info: DistInfo):
         self.spec = spec
         self.dist = dist_info
@@ -174,7 +179,7 @@ class TrainingBackend(abc.ABC):
         spec = self.spec
         if spec.fused_kernels:  # the loss from hidden states and the LM-head weight, chunked (no logits)
             loss, metrics = hidden_policy_loss(self.forward_module(), batch, settings, normalizer, spec.temperature,
-                                               spec.kernels, spec.fused_chunk_size)
+                                               spec.kernels, spec.fused_chunk_size, self.defer_tied_head_grad)
         else:
             logprobs, entropy = batch_logprobs(self.forward_module(), batch, spec.temperature,
                                                settings.use_entropy_loss, spec.kernels)

@@ -20,6 +20,8 @@ from rl.backends.weight_sync import Bucket, rank0_buckets
 
 
 class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
+    defer_tied_head_grad = True  # the root's gathered (tied) weight lives from the lookup to the root's backward
+
     def build(self) -> None:
         spec, options = self.spec, FSDPConfig.from_options(self.spec.backend_options)
         model = load_causal_lm(spec.path, self.dist.device)

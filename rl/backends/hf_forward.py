@@ -86,13 +86,15 @@ def _head_replaced(head: nn.Module, fn, route):
         del head.forward
 
 
-def head_call(model: nn.Module, batch: PackedBatch, fn):
-    """What `fn(hidden [M, H], lm_head_weight, targets_at [M])` returned: the model body over the batch, then `fn`
-    in place of the LM head over the scored positions (those of `scored_logits`)."""
+def head_call(model: nn.Module, batch: PackedBatch, fn, defer_head_grad: bool = False):
+    """What `fn(hidden [M, H], lm_head_weight, targets_at [M], weight_grad_sink)` returned: the model body over the
+    batch, then `fn` in place of the LM head over the scored positions (those of `scored_logits`).
+    `weight_grad_sink` is None unless `defer_head_grad` and the embeddings are tied (see `tied_grad`)."""
     kwargs, targets_at = scored_inputs(batch)
     head = output_head(model)
-    with (shared_tied_grad(_unwrapped(model).get_input_embeddings(), head) as route,
-          _head_replaced(head, lambda hidden, weight: fn(hidden, weight, targets_at), route)):
+    embedding = _unwrapped(model).get_input_embeddings()
+    with (shared_tied_grad(embedding, head, defer_head_grad) as route,
+          _head_replaced(head, lambda hidden, weight: fn(hidden, weight, targets_at, route.sink()), route)):
         return model(**kwargs).logits
 
 

@@ -97,20 +97,21 @@ def backprop_chunk(grad_logits: Tensor, hidden_c: Tensor, weight: Tensor, grad_w
 class ChunkedLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, chunk_loss: ChunkLoss, hidden, weight, targets, old, adv, ref, plan: LossPlan, temperature,
-                chunk):
+                chunk, weight_grad_sink=None):
         want_hidden, want_weight = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        defer = want_weight and weight_grad_sink is not None
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight and not defer else None
         loss = torch.zeros((), device=hidden.device)
         totals = torch.zeros(6, device=hidden.device)
         part = lambda t, sl: None if t is None else t[sl]  # noqa: E731
+        h, w = hidden.detach(), weight.detach()
+        chunk_args = lambda sl: (h[sl], w, targets[sl], part(old, sl), adv[sl], part(ref, sl),  # noqa: E731
+                                 slice_plan(plan, sl), temperature)
         need_grad = want_hidden or want_weight
         for start in range(0, hidden.shape[0], chunk):
             sl = slice(start, start + chunk)
-            chunk_sum, chunk_totals, grad_logits = chunk_loss(
-                hidden[sl], weight, targets[sl], part(old, sl), adv[sl], part(ref, sl), slice_plan(plan, sl),
-                temperature, need_grad,
-            )
+            chunk_sum, chunk_totals, grad_logits = chunk_loss(*chunk_args(sl), need_grad)
             loss += chunk_sum
             totals += chunk_totals
             if need_grad:
@@ -118,6 +119,8 @@ class ChunkedLoss(torch.autograd.Function):
                 if want_hidden:
                     grad_hidden[sl] = out
         ctx.grads = (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype))
+        if defer:  # recomputed chunk by chunk when the sink asks for it (see `weight_grad_later`)
+            ctx.later = (weight_grad_sink, chunk_loss, chunk_args, h, chunk)
         ctx.mark_non_differentiable(totals)
         return loss, totals
 
@@ -126,7 +129,27 @@ class ChunkedLoss(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.grads
         del ctx.grads  # the buffers are this op's own: scale them in place instead of holding a second copy
         scale = lambda g: None if g is None else g.mul_(grad_loss.to(g.dtype))  # noqa: E731
-        return None, scale(grad_hidden), scale(grad_weight), None, None, None, None, None, None, None
+        later = getattr(ctx, "later", None)
+        if later is not None:
+            del ctx.later
+            sink, *recompute = later
+            sink(weight_grad_later(*recompute, float(grad_loss)))
+        return None, scale(grad_hidden), scale(grad_weight), None, None, None, None, None, None, None, None
+
+
+def weight_grad_later(chunk_loss: ChunkLoss, chunk_args, hidden: Tensor, chunk: int, grad_loss: float):
+    """`add_to(buffer)`: adds grad_loss * d loss / d weight into an fp32 [V, H] buffer, recomputing each chunk's
+    logits (one more matmul per chunk than computing it in the forward). A `weight_grad_sink` runs it when the
+    buffer may exist: for tied embeddings, at the lookup's backward, after the body's activations are gone."""
+
+    def add_to(buffer: Tensor) -> Tensor:
+        for start in range(0, hidden.shape[0], chunk):
+            sl = slice(start, start + chunk)
+            _, _, grad_logits = chunk_loss(*chunk_args(sl), True)
+            buffer.addmm_(grad_logits.T.to(buffer.dtype), hidden[sl].to(buffer.dtype), alpha=grad_loss)
+        return buffer
+
+    return add_to
 
 
 def kernel_chunk_loss(kernels: LossKernels) -> ChunkLoss:
@@ -146,7 +169,8 @@ def kernel_chunked_policy_loss(kernels: LossKernels, settings, hidden: Tensor, w
                                old_logprobs: Tensor | None, advantages: Tensor, loss_mask: Tensor, normalizer, *,
                                ref_logprobs: Tensor | None = None, seq_ids: Tensor | None = None,
                                num_sequences: int | None = None, temperature: float = 1.0,
-                               chunk_size: int | None = None, with_entropy: bool | None = None):
+                               chunk_size: int | None = None, with_entropy: bool | None = None,
+                               weight_grad_sink=None):
     """`reference.chunked_policy_loss` with a GPU implementation's fused loss kernel on each chunk's logits (the
     kernels compute the entropy anyway; `with_entropy` only decides whether it is reported)."""
     from rl.kernels.reference.chunked import check_hidden, token_chunk
@@ -159,7 +183,7 @@ def kernel_chunked_policy_loss(kernels: LossKernels, settings, hidden: Tensor, w
     chunk = token_chunk(hidden.shape[0], weight.shape[0], chunk_size)
     loss, totals = ChunkedLoss.apply(
         kernel_chunk_loss(kernels), hidden, weight, targets.to(torch.int64).contiguous(), old_logprobs, advantages,
-        ref_logprobs, plan, float(temperature), chunk,
+        ref_logprobs, plan, float(temperature), chunk, weight_grad_sink,
     )
     reported = settings.use_entropy_loss or bool(with_entropy)
     return loss, metrics_dict(plan, totals, ref_logprobs is not None, has_entropy=reported)

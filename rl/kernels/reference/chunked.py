@@ -16,8 +16,9 @@ from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.kernels.autograd import ChunkedLoss, ChunkLoss, backprop_chunk
 from rl.kernels.reference.policy_terms import loss_terms, metrics_dict, plan_loss
 
-# Logit elements per chunk (32 Mi fp32 = 128 MiB): the token chunk is this divided by the vocabulary size.
-CHUNK_ELEMENTS = 1 << 25
+# Logit elements per chunk (16 Mi fp32 = 64 MiB; at Qwen2's vocabulary 110 tokens): the token chunk is this divided
+# by the vocabulary size. Liger-Kernel's fused linear cross-entropy keeps its chunks smaller still.
+CHUNK_ELEMENTS = 1 << 24
 
 
 def token_chunk(num_tokens: int, vocab: int, chunk_size: int | None) -> int:
@@ -36,7 +37,7 @@ def check_hidden(hidden: Tensor, weight: Tensor, targets: Tensor) -> None:
 
 
 class _Workspace:
-    """Two [chunk, V] fp32 buffers reused by every chunk: fresh 128 MiB allocations would page-fault each time."""
+    """Two [chunk, V] fp32 buffers reused by every chunk: fresh 64 MiB allocations would page-fault each time."""
 
     def __init__(self, rows: int, vocab: int, device: torch.device):
         self.a = torch.empty(rows, vocab, device=device)
@@ -146,11 +147,14 @@ def chunked_policy_loss(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     with_entropy: bool | None = None,
+    weight_grad_sink=None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """(loss, metrics) of `compute_policy_loss` on the logprobs of softmax(hidden @ weight.T / T), flat [N] tokens,
     without ever holding the [N, V] logits; differentiable w.r.t. hidden and weight. The ``entropy`` metric is
     computed when `with_entropy` (default: when trainer.algorithm.use_entropy_loss needs it). `old_logprobs=None`
-    is on-policy, as in `compute_policy_loss`: the old logprobs are these, detached."""
+    is on-policy, as in `compute_policy_loss`: the old logprobs are these, detached. With `weight_grad_sink`, the
+    weight's gradient is not computed in the forward: the backward hands the sink a function that adds it into a
+    buffer (`autograd.weight_grad_later`), and returns none for the weight itself."""
     check_hidden(hidden, weight, targets)
     if settings.use_kl_loss and ref_logprobs is None:
         raise ValueError("trainer.algorithm.use_kl_loss is on but no ref_logprobs were given")
@@ -161,6 +165,7 @@ def chunked_policy_loss(
     )
     chunk_loss = reference_chunk_loss(min(chunk, hidden.shape[0]), weight.shape[0], hidden.device, with_entropy)
     loss, totals = ChunkedLoss.apply(
-        chunk_loss, hidden, weight, targets, old_logprobs, advantages, ref_logprobs, plan, float(temperature), chunk
+        chunk_loss, hidden, weight, targets, old_logprobs, advantages, ref_logprobs, plan, float(temperature), chunk,
+        weight_grad_sink,
     )
     return loss, metrics_dict(plan, totals, ref_logprobs is not None, has_entropy=with_entropy)

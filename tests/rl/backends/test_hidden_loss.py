@@ -1,7 +1,8 @@
 """trainer.policy.use_fused_kernels on the Hugging Face strategies, in one process: the loss from hidden states and
 the (gathered) LM-head weight gives the logits path's loss, metrics, logprobs and gradient of every parameter
 (the logits path, `batch_logprobs` + `compute_policy_loss`, is the oracle), packed and padded, tied and untied
-embeddings (tied ones share one gradient buffer, `tied_grad`), FSDP2 / FSDP / DeepSpeed ZeRO-2 and ZeRO-3."""
+embeddings (tied ones share one gradient buffer, `tied_grad`; FSDP2 defers the head's weight gradient to the
+lookup's backward), FSDP2 / FSDP / DeepSpeed ZeRO-2 and ZeRO-3."""
 
 import pytest
 import torch
@@ -97,6 +98,8 @@ def test_fused_loss_matches_the_logits_path(model_path, strategy, options, monke
 
     shared, backward = [], tied_grad._Lookup.backward
     monkeypatch.setattr(tied_grad._Lookup, "backward", lambda ctx, g: shared.append(1) or backward(ctx, g))
+    deferred, defer = [], tied_grad._Slot.defer
+    monkeypatch.setattr(tied_grad._Slot, "defer", lambda slot, add_to: deferred.append(1) or defer(slot, add_to))
     for padded in (False, True):
         for name, settings in SETTINGS.items():
             batch = _batch(padded, oracle, on_policy="on_policy" in name)
@@ -114,8 +117,12 @@ def test_fused_loss_matches_the_logits_path(model_path, strategy, options, monke
                 torch.testing.assert_close(got_grads[param], grad, rtol=1e-4, atol=1e-6, msg=f"{where}: {param}")
             assert any(float(g.abs().sum()) > 0 for g in want_grads.values())
             # tied embeddings took the one-buffer route under every wrapper (ZeRO-3 and FSDP included)
-            assert len(shared) == (1 if "untied" not in model_path else 0), where
+            tied = "untied" not in model_path
+            assert len(shared) == (1 if tied else 0), where
+            # FSDP2 computes the tied head's weight gradient at the lookup's backward (the others in the forward)
+            assert len(deferred) == (1 if tied and strategy == "fsdp2" else 0), where
             shared.clear()
+            deferred.clear()
             _zero_grads(oracle)
             _zero_grads(fused)
 
