@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"invalid configuration:\n{error}", file=sys.stderr)
         return 2
-    from rl.trainer.run import ActorFailed, Interrupted, run_training
+    from rl.trainer.run import Interrupted, RunFailed, run_training
 
     try:
         run_training(cfg, FLAGS.run_dir, FLAGS.ray_address)
@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
     except Interrupted as stop:
         print(stop, file=sys.stderr)
         return 130  # the shell's code for a SIGINT
-    except ActorFailed as failed:
+    except RunFailed as failed:
         print(f"error: {failed}", file=sys.stderr)
         return 1
     return 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,11 +20,6 @@ class Experience:
     response_lengths: Tensor  # [B]
 
 
-def score(rollouts: Sequence, answers: Sequence[str], reward_fn: Callable[[str, str], float]) -> Tensor:
-    """[B] reward of each rollout against the answer of its prompt."""
-    return torch.tensor([float(reward_fn(r.response_text, answers[r.prompt_index])) for r in rollouts])
-
-
 def response_mask(lengths: Tensor) -> Tensor:
     """[B, T] bool: the first lengths[b] entries of row b."""
     width = int(lengths.max().item()) if lengths.numel() else 0
@@ -32,8 +27,10 @@ def response_mask(lengths: Tensor) -> Tensor:
 
 
 def build_experience(rollouts: Sequence, rewards: Tensor, estimator: str, norm_by_std: bool,
-                     gamma: float = 1.0, lambd: float = 1.0) -> Experience:
-    """Advantages per response token; each sequence is prompt + response with the loss on response tokens."""
+                     gamma: float = 1.0, lambd: float = 1.0, overlong_filtering: bool = False) -> Experience:
+    """Advantages per response token; each sequence is prompt + response with the loss on response tokens.
+    `overlong_filtering` (DAPO): a response cut by the length budget keeps no loss token (its reward still
+    counts in its group's baseline)."""
     lengths = torch.tensor([len(r.response_ids) for r in rollouts])
     mask = response_mask(lengths)
     group = torch.tensor([r.prompt_index for r in rollouts])
@@ -44,7 +41,7 @@ def build_experience(rollouts: Sequence, rewards: Tensor, estimator: str, norm_b
         prompt, response = len(rollout.prompt_ids), len(rollout.response_ids)
         total = prompt + response
         loss_mask = torch.zeros(total, dtype=torch.bool)
-        loss_mask[prompt:] = True
+        loss_mask[prompt:] = not (overlong_filtering and rollout.finish_reason == "length")
         token_adv = torch.zeros(total)
         token_adv[prompt:] = advantages[b, :response]
         rollout_lp = torch.zeros(total)

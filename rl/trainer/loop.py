@@ -10,18 +10,19 @@ import time
 import torch
 
 from rl.core.algorithms import LossSettings
+from rl.core.algorithms.reward_shaping import overlong_penalty, pass_and_mean_at_k
 from rl.core.config import config_to_dict
 from rl.core.data import BatchPosition, batches_per_epoch, iter_batches
-from rl.core.rewards import REWARD_FUNCTIONS
-from rl.tasks import rewards as _task_rewards  # noqa: F401  (registers the tasks' reward functions)
 from rl.trainer import checkpoint, components
 from rl.trainer.engines import RemoteEngines
-from rl.trainer.experience import build_experience, score
+from rl.trainer.experience import build_experience
 from rl.trainer.faults import crash_point
 from rl.trainer.metrics import MetricsLogger
 from rl.trainer.policy_update import compute_logprobs, is_on_policy, micro_batching, update_policy
+from rl.trainer.rewarding import RewardScorer
 from rl.trainer.rollout_mismatch import measure_and_correct, skips_old_logprob_pass
 from rl.trainer.rollout_queue import RolloutQueue
+from rl.trainer.sampling import ScoredBatch, collect_step_batch
 from rl.trainer.sources import resolve_sources
 from rl.trainer.weight_sync import make_weight_sync
 
@@ -35,7 +36,7 @@ class Trainer:
         self.model_path = sources.model_path
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.train_set, self.val_set = components.load_datasets(cfg, sources.train_data, sources.val_data)
-        self.reward_fn = REWARD_FUNCTIONS.get(cfg.data.reward_fn)
+        self.rewards = RewardScorer(cfg.data)
         self.settings = LossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
         self.placement = components.make_placement(cfg)
         print(f"placement: {self.placement.describe()}", flush=True)
@@ -102,7 +103,7 @@ class Trainer:
     def fit(self) -> None:
         start = self.resume()
         if start == 0 and self.cfg.trainer.eval_before_train and self.val_set is not None:
-            self.metrics.log({"step": 0, "val_accuracy": self.evaluate(0)})
+            self.metrics.log({"step": 0, **self.evaluate(0)})
         trainer = self.cfg.trainer
         if self.rollout_queue is not None:
             self.draw_position = self.position
@@ -111,7 +112,7 @@ class Trainer:
             self.current_step = step
             row = self.train_step(step)
             if self.val_set is not None and _due(step, trainer.eval_interval, self.total_steps):
-                row["val_accuracy"] = self.evaluate(step)
+                row.update(self.evaluate(step))
             self.metrics.log(row)
             if _due(step, trainer.ckpt_interval):
                 self.save_checkpoint(step)
@@ -147,14 +148,35 @@ class Trainer:
         self.position = batch.next_position
         return batch.records, rollouts, queue_row
 
+    def score(self, records, rollouts) -> tuple[torch.Tensor, dict[str, float]]:
+        """Each rollout's reward against its prompt's record (plus the overlong penalty), and reward metrics."""
+        rewards, row = self.rewards.score([r.response_text for r in rollouts],
+                                          [records[r.prompt_index] for r in rollouts])
+        band = self.cfg.trainer.algorithm.overlong_buffer
+        if band.len:
+            lengths = torch.tensor([len(r.response_ids) for r in rollouts])
+            rewards = rewards + overlong_penalty(lengths, self.cfg.generator.max_generate_length, band.len,
+                                                 band.penalty_factor)
+        return rewards, row
+
     def train_step(self, step: int) -> dict:
         cfg, started = self.cfg, time.perf_counter()
-        records, rollouts, queue_row = self.rollouts_for(step)
-        generated = time.perf_counter()
-        rewards = score(rollouts, [r.answer for r in records], self.reward_fn)
+        queue_row, reward_rows = {}, []
+
+        def draw() -> ScoredBatch:
+            records, rollouts, row = self.rollouts_for(step)
+            queue_row.update(row)
+            rewards, reward_row = self.score(records, rollouts)
+            reward_rows.append(reward_row)
+            return ScoredBatch(records, rollouts, rewards)
+
         algo = cfg.trainer.algorithm
-        experience = build_experience(rollouts, rewards, algo.advantage_estimator, algo.grpo_norm_by_std,
-                                      algo.gamma, algo.lambd)
+        batch, generated, sampling_row = collect_step_batch(
+            draw, algo.dynamic_sampling, cfg.trainer.train_batch_size, cfg.generator.n_samples_per_prompt,
+            _seed(cfg, step))
+        generated_at = time.perf_counter()
+        experience = build_experience(batch.rollouts, batch.rewards, algo.advantage_estimator, algo.grpo_norm_by_std,
+                                      algo.gamma, algo.lambd, cfg.generator.apply_overlong_filtering)
         scored = time.perf_counter()
         compute_logprobs(self.group, self.forward_batching, experience, has_ref=algo.use_kl_loss, ref=self.ref_pass,
                          on_policy=self.on_policy)
@@ -164,14 +186,18 @@ class Trainer:
         row = update_policy(self.group, self.train_batching, self.settings, experience, mini)
         row.update(mismatch)
         row.update(queue_row)
+        row.update(sampling_row)
+        row.update(_merge_reward_rows(reward_rows))
         updated = time.perf_counter()
         row.update(self.sync_weights(step))
         finished = time.perf_counter()
         elapsed = finished - started
         tokens = sum(len(seq["input_ids"]) for seq in experience.sequences)
-        row.update(step=step, reward_mean=float(rewards.mean()), step_time_s=elapsed, tokens_per_s=tokens / elapsed,
-                   generate_time_s=generated - started, logprobs_time_s=forwarded - scored,
-                   update_time_s=updated - forwarded, sync_time_s=finished - updated,
+        all_rewards = torch.cat([b.rewards for b in generated])
+        row.update(step=step, reward_mean=float(all_rewards.mean()), step_time_s=elapsed,
+                   tokens_per_s=tokens / elapsed, generate_time_s=generated_at - started,
+                   logprobs_time_s=forwarded - scored, update_time_s=updated - forwarded,
+                   sync_time_s=finished - updated,
                    response_length_mean=float(experience.response_lengths.float().mean()))
         return row
 
@@ -194,12 +220,23 @@ class Trainer:
         return sent
 
     @torch.no_grad()
-    def evaluate(self, step: int) -> float:
+    def evaluate(self, step: int) -> dict[str, float]:
+        """val_accuracy (the mean reward over every sample) and, with k = eval_n_samples_per_prompt > 1,
+        val_pass@k and val_mean@k."""
         gen = self.cfg.generator
         records = list(self.val_set)
         prompts = [components.encode_prompt(self.tokenizer, r, gen.max_prompt_length) for r in records]
         rollouts = self.generate(prompts, components.sampling_params(gen, _seed(self.cfg, step), True))
-        return float(score(rollouts, [r.answer for r in records], self.reward_fn).mean())
+        rewards, _ = self.rewards.score([r.response_text for r in rollouts],
+                                        [records[r.prompt_index] for r in rollouts])
+        k = gen.eval_n_samples_per_prompt
+        row = {"val_accuracy": float(rewards.mean())}
+        if k > 1:
+            row[f"val_pass@{k}"], row[f"val_mean@{k}"] = pass_and_mean_at_k(rewards, k)
+        return row
+
+    def close(self) -> None:
+        self.rewards.close()
 
     def save_checkpoint(self, step: int) -> None:
         staging = checkpoint.staging_dir(self.ckpt_root, step)
@@ -244,6 +281,16 @@ def _absolute(model_path: str) -> str:
     """A local model directory as an absolute path (hub names stay as they are)."""
     local = os.path.expanduser(model_path)
     return os.path.abspath(local) if os.path.isdir(local) else model_path
+
+
+def _merge_reward_rows(rows: list[dict[str, float]]) -> dict[str, float]:
+    """The reward metrics of every batch a step generated: means averaged, errors added up."""
+    merged: dict[str, list[float]] = {}
+    for row in rows:
+        for name, value in row.items():
+            merged.setdefault(name, []).append(value)
+    return {name: sum(values) if name == "reward_errors" else sum(values) / len(values)
+            for name, values in merged.items()}
 
 
 def _due(step: int, interval: int, last: int | None = None) -> bool:

@@ -104,12 +104,19 @@ def _resume_problems(cfg) -> list[str]:
 
 
 def _reward_problems(cfg) -> list[str]:
-    """`data.reward_fn` names a registered reward (the tasks register theirs on import)."""
-    from rl.core.rewards import REWARD_FUNCTIONS
+    """Every `data.reward_fn` entry is a registered reward (the tasks register theirs on import) or user code that
+    imports and has a reward function's signature."""
+    from rl.core.rewards.functions import load_reward_function
     from rl.tasks import rewards  # noqa: F401
 
-    name = cfg.data.reward_fn
-    return [] if name in REWARD_FUNCTIONS else [f"data.reward_fn: {REWARD_FUNCTIONS.unknown_message(name)}"]
+    found = []
+    for index, reference in enumerate(cfg.data.reward_fn):
+        key = "data.reward_fn" if len(cfg.data.reward_fn) == 1 else f"data.reward_fn[{index}]"
+        try:
+            load_reward_function(reference, key)
+        except ValueError as error:
+            found.append(str(error))
+    return found
 
 
 def _writable_problems(cfg) -> list[str]:

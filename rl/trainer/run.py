@@ -21,14 +21,17 @@ class Interrupted(Exception):
         super().__init__(f"interrupted at step {step}; {where}")
 
 
-class ActorFailed(Exception):
-    """A worker or an engine of the run died or stopped answering (Ray is shut down by then): which one, and where
-    the run stands."""
+class RunFailed(Exception):
+    """The run ended on an error it names (Ray is shut down by then), and where it stands."""
 
     def __init__(self, what: str, step: int, latest_checkpoint: str | None):
         where = (f"last complete checkpoint: {latest_checkpoint} (resume with trainer.resume_mode=latest)"
                  if latest_checkpoint else "no complete checkpoint yet")
         super().__init__(f"{what} at step {step}; {where}")
+
+
+class ActorFailed(RunFailed):
+    """A worker or an engine of the run died or stopped answering: which one, and where the run stands."""
 
 
 def _actor_failure(trainer, error: Exception) -> str | None:
@@ -81,6 +84,8 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
 
     from rl.trainer.loop import Trainer
     from rl.trainer.placement import machine_cores, make_plan
+    from rl.trainer.rewarding import RewardError
+    from rl.trainer.sampling import SamplingExhausted
     from rl.trainer.waiting import ActorHung
     from rl.trainer.worker_group import start_ray, stop_ray
 
@@ -103,7 +108,12 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
             raise
         latest = checkpoint.latest(trainer.ckpt_root, log=lambda _: None) if trainer is not None else None
         raise ActorFailed(what, trainer.current_step if trainer is not None else 0, latest) from None
+    except (RewardError, SamplingExhausted) as error:
+        latest = checkpoint.latest(trainer.ckpt_root, log=lambda _: None)
+        raise RunFailed(str(error), trainer.current_step, latest) from None
     finally:
+        if trainer is not None:
+            trainer.close()
         stop_ray()
     print(f"curve: {plot_curves(run_dir)}", flush=True)
     return run_dir

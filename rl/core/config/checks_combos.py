@@ -157,3 +157,20 @@ def check_engine_devices(cfg: Config, problems: Problems) -> None:
                      f"generator.num_inference_engines {gen.num_inference_engines} * inference_engine_tensor_parallel"
                      f"_size {per_engine} must fit, and the engine TP divide, the policy's {world} devices "
                      "(trainer.placement.policy_num_nodes * policy_num_gpus_per_node), which the engines share")
+
+
+def check_reward_shaping(cfg: Config, problems: Problems) -> None:
+    """Dynamic sampling needs groups and a loop that can draw more batches; the overlong band fits the budget."""
+    algorithm, generator = cfg.trainer.algorithm, cfg.generator
+    sampling = algorithm.dynamic_sampling.type
+    if sampling is not None and generator.n_samples_per_prompt < 2:
+        problems.add("trainer.algorithm.dynamic_sampling.type", f"is {sampling}, but with "
+                     "generator.n_samples_per_prompt=1 there are no groups to compare; sample >= 2 per prompt or "
+                     "set it to null")
+    if sampling is not None and cfg.trainer.fully_async.enabled:
+        problems.add("trainer.algorithm.dynamic_sampling.type", f"is {sampling}, but trainer.fully_async queues "
+                     "batches ahead of the step that would draw more; use one of the two")
+    band = algorithm.overlong_buffer.len
+    if band >= generator.max_generate_length:
+        problems.add("trainer.algorithm.overlong_buffer.len", f"is {band}, not below generator.max_generate_length="
+                     f"{generator.max_generate_length}: the penalty would start at the first token; make it smaller")

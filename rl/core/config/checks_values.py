@@ -101,6 +101,14 @@ RULES: tuple[Rule, ...] = (
                                          "geo_mask_high", "geo_mask_low", "product_mask_high", "product_mask_low")),
     *(optional(above(_OPC + f"{kind}_is_threshold_{side}", 0)) for kind in ("outlier_token", "token_mask")
       for side in ("low", "high")),
+    optional(one_of(_ALGO + "dynamic_sampling.type", choices.DYNAMIC_SAMPLING_TYPES)),
+    special_or_at_least_one(_ALGO + "dynamic_sampling.max_sample_batches", -1, "no bound"),
+    within(_ALGO + "dynamic_sampling.min_replace_ratio", 0, 1, low_open=True),
+    at_least(_ALGO + "overlong_buffer.len", 0, "an integer (0 turns it off)"),
+    at_least(_ALGO + "overlong_buffer.penalty_factor", 0, "a number"),
+    at_least("data.reward_num_workers", 0),
+    optional(above("data.reward_timeout_s", 0)),
+    one_of("data.reward_on_error", choices.REWARD_ON_ERROR),
     one_of("generator.backend", choices.GENERATOR_BACKENDS),
     optional(one_of("generator.weight_sync_backend", choices.WEIGHT_SYNC_BACKENDS)),
     *(at_least(f"generator.{name}", 1) for name in ("num_inference_engines", "inference_engine_tensor_parallel_size",
@@ -124,7 +132,6 @@ NON_EMPTY_STRINGS = (
     "trainer.project_name",
     "data.prompt_key",
     "data.answer_key",
-    "data.reward_fn",
 )
 
 
@@ -187,6 +194,27 @@ def check_lists(cfg: Config, problems: Problems) -> None:
         for index, path in enumerate(get(cfg, key)):
             if not path.strip():
                 problems.add(f"{key}[{index}]", "is an empty path; remove it or give a file")
+    check_reward_lists(cfg, problems)
+
+
+def check_reward_lists(cfg: Config, problems: Problems) -> None:
+    data = cfg.data
+    if not data.reward_fn:
+        problems.add("data.reward_fn", "is empty; name a reward, e.g. data.reward_fn=gsm8k")
+    for index, name in enumerate(data.reward_fn):
+        if not name.strip():
+            problems.add(f"data.reward_fn[{index}]", "is empty; remove it or name a reward")
+    weights = data.reward_weights
+    if weights is not None:
+        if len(weights) != len(data.reward_fn):
+            problems.add("data.reward_weights", f"has {len(weights)} weight(s) for {len(data.reward_fn)} reward "
+                         "function(s) in data.reward_fn; give one per function, or null for all 1")
+        for index, weight in enumerate(weights):
+            if not math.isfinite(weight):
+                problems.add(f"data.reward_weights[{index}]", f"is {weight}; weights must be finite numbers")
+    if data.reward_num_workers == 0 and data.reward_timeout_s is not None:
+        problems.add("data.reward_timeout_s", "cannot be enforced with data.reward_num_workers=0 (rewards run in the "
+                     "driver); set data.reward_num_workers >= 1, or data.reward_timeout_s=null")
 
 
 def check_resume_mode(cfg: Config, problems: Problems) -> None:

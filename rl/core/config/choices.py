@@ -17,5 +17,7 @@ GENERATOR_BACKENDS = ("hf", "vllm")
 WEIGHT_SYNC_BACKENDS = ("ray", "gloo", "nccl")
 KERNELS = ("auto", "torch", "triton", "cuda")
 LOGGERS = ("console", "tensorboard", "wandb")
+DYNAMIC_SAMPLING_TYPES = ("filter", "replace")
+REWARD_ON_ERROR = ("fail", "zero")
 RESUME_MODES = ("none", "latest")
 """`trainer.resume_mode` is one of these or the path of a checkpoint directory."""

@@ -64,7 +64,7 @@ class PolicyConfig:
     deepspeed (not megatron yet); policy losses with a kernel formula only (not `gspo`)."""
 
     fused_kernel_chunk_size: int | None
-    """Tokens per chunk of `use_fused_kernels`; null picks about 128 MiB of fp32 logits per chunk."""
+    """Tokens per chunk of `use_fused_kernels`; null picks about 64 MiB of fp32 logits per chunk."""
 
 
 @dataclass(kw_only=True)
@@ -167,6 +167,35 @@ class OffPolicyCorrectionConfig:
 
 
 @dataclass(kw_only=True)
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling (SkyRL's keys): groups whose samples all got the same reward carry no GRPO signal."""
+
+    type: str | None
+    """`filter` drops such groups and generates further prompt batches until train_batch_size groups with signal
+    are collected; `replace` (POLARIS) fills their places with copies of groups that have signal, when those are
+    more than min_replace_ratio of the batch (else it samples another batch); null turns it off."""
+
+    max_sample_batches: int
+    """Most prompt batches generated for one training step; reaching it ends the run, naming what was collected
+    (raise it, or use easier data). -1: no bound."""
+
+    min_replace_ratio: float
+    """`replace`: the smallest share of the batch's groups that must have signal, in (0, 1]."""
+
+
+@dataclass(kw_only=True)
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment: a response longer than generator.max_generate_length - len loses up to
+    penalty_factor of reward, linearly in how far into the last `len` tokens it reaches."""
+
+    len: int
+    """Length of the penalised band at the end of the generation budget, in tokens; 0 turns it off."""
+
+    penalty_factor: float
+    """Reward taken from a response that uses the whole budget, >= 0."""
+
+
+@dataclass(kw_only=True)
 class AlgorithmConfig:
     """Advantage estimation and the loss."""
 
@@ -215,6 +244,12 @@ class AlgorithmConfig:
 
     off_policy_correction: OffPolicyCorrectionConfig
     """Trainer-vs-rollout mismatch corrections (the mismatch itself is logged every step)."""
+
+    dynamic_sampling: DynamicSamplingConfig
+    """Groups without reward variance: dropped and refilled, or replaced."""
+
+    overlong_buffer: OverlongBufferConfig
+    """Soft penalty on responses that approach the generation budget."""
 
 
 @dataclass(kw_only=True)
@@ -368,10 +403,15 @@ class GeneratorConfig:
     """Most prompt tokens; longer prompts are truncated. >= 1."""
 
     eval_n_samples_per_prompt: int
-    """Completions per evaluation prompt, >= 1."""
+    """Completions per evaluation prompt (k), >= 1. Evaluation logs val_accuracy (the mean reward), and for k > 1
+    val_mean@k (the same mean) and val_pass@k (the share of prompts with a sample whose reward is > 0)."""
 
     eval_temperature: float
     """Sampling temperature for evaluation, >= 0; 0 means greedy decoding."""
+
+    apply_overlong_filtering: bool
+    """DAPO's overlong filtering (SkyRL's key): responses cut by max_generate_length (no stop token) leave the
+    loss entirely; their rewards still count in their group's advantage baseline."""
 
 
 @dataclass(kw_only=True)
@@ -391,8 +431,27 @@ class DataConfig:
     answer_key: str
     """Column holding the reference answer given to the reward function."""
 
-    reward_fn: str
-    """Name of the reward function."""
+    reward_fn: list[str]
+    """The reward: a registered name (`gsm8k`, `gsm8k_flexible`), your own `package.module:function` or
+    `path/to/file.py:function`, or a list of them (summed with reward_weights). A function is called as
+    `fn(response, answer, **fields)` with the row's other columns it names (all with **kwargs; `prompt`,
+    `data_source`, `index` always exist) and returns a number or a dict with `score` and further numbers (logged
+    as reward/<function>/<name>). Checked (import, signature) before anything starts. A single name is accepted."""
+
+    reward_weights: list[float] | None
+    """Weight of each reward_fn entry in the sum (TRL's name); null weighs each 1."""
+
+    reward_num_workers: int
+    """Processes that run the reward functions in parallel, >= 0; 0 runs them in the driver, one after another
+    (then reward_timeout_s must be null)."""
+
+    reward_timeout_s: float | None
+    """Seconds one reward call may take before its process is killed and the call counts as an error; null: no
+    limit."""
+
+    reward_on_error: str
+    """What a reward call that raises, times out, kills its process or returns NaN / a non-number does: `fail`
+    ends the run naming the function and the row; `zero` scores it 0, counts it in reward_errors and goes on."""
 
 
 @dataclass(kw_only=True)

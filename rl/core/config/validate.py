@@ -12,6 +12,9 @@ Rules (world = trainer.placement.policy_num_nodes * policy_num_gpus_per_node):
 - algorithm: grpo and rloo need n_samples_per_prompt >= 2.
 - placement: policy and reference placements are equal (the reference runs on the policy's workers);
   fully_async needs colocate_all false.
+- rewards: reward_weights one per reward_fn; a reward timeout needs reward workers; dynamic sampling needs
+  n_samples_per_prompt >= 2 and no fully_async; overlong_buffer.len below max_generate_length. Reward functions
+  themselves (import, signature) are checked before the run starts (rl/trainer/preflight.py).
 - not yet supported (checks_support.py, checks_backends.py): generator.backend vllm without vLLM installed,
   advantage_estimator gae, Ulysses sequence_parallel_size > 1.
 """
@@ -41,6 +44,7 @@ CHECKS: tuple[Callable[[Config, Problems], None], ...] = (
     checks_combos.check_off_policy_bounds,
     checks_combos.check_engine_devices,
     checks_combos.check_weight_sync_backend,
+    checks_combos.check_reward_shaping,
     checks_backends.check_strategy,
     checks_support.check_unsupported,
 )

@@ -42,6 +42,8 @@ def _to_record(row: RawRow, position: int, path: Path, prompt_key: str, answer_k
         answer=_answer_text(_required(row, answer_key, "answer_key"), row.where, answer_key),
         data_source=_data_source(row, path),
         index=_index(row, position),
+        fields={k: v for k, v in row.values.items() if k not in (prompt_key, answer_key, "data_source", "index")},
+        where=row.where,
     )
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from rl.core.data.errors import DataError
 
@@ -28,12 +29,16 @@ class PromptRecord:
 
     `prompt` is plain text or a tuple of chat messages; `answer` is the reference the reward function checks against;
     `data_source` names the dataset (it can pick the reward function); `index` is the row's id within its source.
+    `fields` holds the row's other columns (a user's reward function can ask for them by name); `where` locates the
+    row for messages ("train.parquet row 7").
     """
 
     prompt: Prompt
     answer: str
     data_source: str
     index: int
+    fields: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    where: str = field(default="", compare=False, hash=False)
 
     @property
     def is_chat(self) -> bool:

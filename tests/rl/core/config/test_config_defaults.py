@@ -111,7 +111,7 @@ def test_defaults_match_the_documented_values():
     assert (algorithm.use_kl_loss, algorithm.kl_loss_coef, algorithm.kl_estimator_type) == (True, 0.001, "k3")
     assert (algorithm.use_entropy_loss, algorithm.entropy_loss_coef) == (False, 0.01)
     assert (algorithm.gamma, algorithm.lambd) == (1.0, 1.0)
-    assert (cfg.data.prompt_key, cfg.data.answer_key, cfg.data.reward_fn) == ("prompt", "answer", "gsm8k")
+    assert (cfg.data.prompt_key, cfg.data.answer_key, cfg.data.reward_fn) == ("prompt", "answer", ["gsm8k"])
     assert cfg.blocks["trainer.policy.fsdp_config"].fsdp_size == -1
     assert cfg.blocks["deepspeed_config"].train == {} and cfg.blocks["deepspeed_config"].eval == {}
 

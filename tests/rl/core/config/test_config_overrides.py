@@ -64,7 +64,7 @@ def test_string_keys_keep_text_as_written():
     cfg = load_config(["trainer.run_name=2024", "trainer.project_name=1.10", "data.reward_fn=true"])
     assert cfg.trainer.run_name == "2024"
     assert cfg.trainer.project_name == "1.10"
-    assert cfg.data.reward_fn == "true"
+    assert cfg.data.reward_fn == ["true"]
     assert load_config(["trainer.run_name='quoted name'"]).trainer.run_name == "quoted name"
     assert load_config(["trainer.run_name=a: b # c"]).trainer.run_name == "a: b # c"
 

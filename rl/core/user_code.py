@@ -1,0 +1,75 @@
+"""Objects named in config that live in the user's own code: `package.module:name` or `path/to/file.py:name`
+(veRL's `custom_reward_function.path` + `name` in one string), resolved at config load so that a typo, a missing
+file or a module that fails to import is refused before anything expensive starts."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Any
+
+
+class UserCodeError(ValueError):
+    """A reference that does not resolve; the message names the config key and what to fix."""
+
+
+def is_reference(value: str) -> bool:
+    """Whether `value` points into user code (`module:name`, `file.py:name`) rather than naming a registered entry."""
+    return isinstance(value, str) and ":" in value
+
+
+def split_reference(reference: str, key: str) -> tuple[str, str]:
+    where, sep, name = reference.rpartition(":")
+    if not sep or not where or not name.isidentifier():
+        raise UserCodeError(f"{key}: '{reference}' must be 'package.module:name' or 'path/to/file.py:name' (the "
+                            "part after the last ':' is the function or class to use)")
+    return where, name
+
+
+def _module_from_file(path: str, key: str):
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(path):
+        raise UserCodeError(f"{key}: file {path} does not exist")
+    # One module per file (by its path), registered so that its objects pickle by reference and load once.
+    module_name = f"rl_user_code_{os.path.splitext(os.path.basename(path))[0]}_" \
+                  f"{hashlib.sha1(path.encode()).hexdigest()[:10]}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise UserCodeError(f"{key}: {path} cannot be loaded as a Python module (it should end in .py)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[module_name]
+        raise UserCodeError(f"{key}: importing {path} failed: {type(error).__name__}: {error}") from error
+    return module
+
+
+def _module_by_name(name: str, key: str):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name and name.startswith(error.name):
+            raise UserCodeError(f"{key}: no module named '{name}' on the Python path; give a file path "
+                                "('path/to/file.py:name') or install the package") from error
+        raise UserCodeError(f"{key}: importing {name} failed: {error}") from error
+    except Exception as error:
+        raise UserCodeError(f"{key}: importing {name} failed: {type(error).__name__}: {error}") from error
+
+
+def load_object(reference: str, key: str) -> Any:
+    """The object `reference` names (`package.module:name` or `path/to/file.py:name`); errors name `key`."""
+    where, name = split_reference(reference, key)
+    module = _module_from_file(where, key) if where.endswith(".py") or os.sep in where else _module_by_name(where, key)
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        found = sorted(n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n)))
+        raise UserCodeError(f"{key}: {where} has no '{name}'" + (f"; it defines: {', '.join(found)}" if found else ""))\
+            from None
