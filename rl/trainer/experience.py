@@ -28,7 +28,8 @@ def response_mask(lengths: Tensor) -> Tensor:
 
 def build_experience(rollouts: Sequence, rewards: Tensor, estimator: str, norm_by_std: bool,
                      gamma: float = 1.0, lambd: float = 1.0, overlong_filtering: bool = False) -> Experience:
-    """Advantages per response token; each sequence is prompt + response with the loss on response tokens.
+    """Advantages per response token; each sequence is prompt + response with the loss on response tokens (on the
+    policy's own tokens only for multi-turn episodes, `multi_turn.Trajectory.response_mask`).
     `overlong_filtering` (DAPO): a response cut by the length budget keeps no loss token (its reward still
     counts in its group's baseline)."""
     lengths = torch.tensor([len(r.response_ids) for r in rollouts])
@@ -41,7 +42,10 @@ def build_experience(rollouts: Sequence, rewards: Tensor, estimator: str, norm_b
         prompt, response = len(rollout.prompt_ids), len(rollout.response_ids)
         total = prompt + response
         loss_mask = torch.zeros(total, dtype=torch.bool)
-        loss_mask[prompt:] = not (overlong_filtering and rollout.finish_reason == "length")
+        if not (overlong_filtering and rollout.finish_reason == "length"):
+            # a multi-turn episode's observations are not the policy's: no loss on them
+            policy = getattr(rollout, "response_mask", None)
+            loss_mask[prompt:] = True if policy is None else torch.tensor(policy, dtype=torch.bool)
         token_adv = torch.zeros(total)
         token_adv[prompt:] = advantages[b, :response]
         rollout_lp = torch.zeros(total)

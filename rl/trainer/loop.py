@@ -15,6 +15,7 @@ from rl.core.config import config_to_dict
 from rl.core.data import BatchPosition, batches_per_epoch, iter_batches
 from rl.trainer import checkpoint, components
 from rl.trainer.engines import RemoteEngines
+from rl.trainer.episodes import Episodes
 from rl.trainer.experience import build_experience
 from rl.trainer.faults import crash_point
 from rl.trainer.metrics import MetricsLogger
@@ -37,6 +38,7 @@ class Trainer:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.train_set, self.val_set = components.load_datasets(cfg, sources.train_data, sources.val_data)
         self.rewards = RewardScorer(cfg.data)
+        self.episodes = Episodes.from_config(cfg, self.tokenizer, self.model_path)
         self.settings = LossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
         self.placement = components.make_placement(cfg)
         print(f"placement: {self.placement.describe()}", flush=True)
@@ -141,17 +143,29 @@ class Trainer:
         if self.rollout_queue is None:
             self.draw_position = self.position
             batch = self.draw_batch()
-            rollouts, queue_row = self.generate(self.encode_batch(batch), self.step_params(step)), {}
+            rollouts, queue_row = self.roll_out(batch.records, self.encode_batch(batch), self.step_params(step)), {}
         else:
             self.rollout_queue.fill(self.total_steps)
             batch, rollouts, queue_row = self.rollout_queue.take(step)
         self.position = batch.next_position
         return batch.records, rollouts, queue_row
 
+    def roll_out(self, records, prompts: list[list[int]], params) -> list:
+        """Single-turn rollouts, or with `environment.env_class` one multi-turn episode per sample."""
+        if self.episodes is None:
+            return self.generate(prompts, params)
+        return self.episodes.run(self.generate, records, prompts, params)
+
+    def reward_of(self, records, rollouts) -> tuple[torch.Tensor, dict[str, float]]:
+        """Each rollout's reward against its prompt's record, and reward metrics; an episode's reward is its
+        environment's."""
+        if self.episodes is not None:
+            return self.episodes.rewards(rollouts)
+        return self.rewards.score([r.response_text for r in rollouts], [records[r.prompt_index] for r in rollouts])
+
     def score(self, records, rollouts) -> tuple[torch.Tensor, dict[str, float]]:
-        """Each rollout's reward against its prompt's record (plus the overlong penalty), and reward metrics."""
-        rewards, row = self.rewards.score([r.response_text for r in rollouts],
-                                          [records[r.prompt_index] for r in rollouts])
+        """`reward_of` plus the overlong penalty: what training sees."""
+        rewards, row = self.reward_of(records, rollouts)
         band = self.cfg.trainer.algorithm.overlong_buffer
         if band.len:
             lengths = torch.tensor([len(r.response_ids) for r in rollouts])
@@ -226,9 +240,8 @@ class Trainer:
         gen = self.cfg.generator
         records = list(self.val_set)
         prompts = [components.encode_prompt(self.tokenizer, r, gen.max_prompt_length) for r in records]
-        rollouts = self.generate(prompts, components.sampling_params(gen, _seed(self.cfg, step), True))
-        rewards, _ = self.rewards.score([r.response_text for r in rollouts],
-                                        [records[r.prompt_index] for r in rollouts])
+        rollouts = self.roll_out(records, prompts, components.sampling_params(gen, _seed(self.cfg, step), True))
+        rewards, _ = self.reward_of(records, rollouts)
         k = gen.eval_n_samples_per_prompt
         row = {"val_accuracy": float(rewards.mean())}
         if k > 1:

@@ -119,6 +119,25 @@ def _reward_problems(cfg) -> list[str]:
     return found
 
 
+def _environment_problems(cfg) -> list[str]:
+    """`environment.env_class` is a registered environment or user code that imports and subclasses Environment."""
+    env = cfg.environment
+    if env.env_class is None:
+        return []
+    from rl.core.environments import make_environment_factory
+    from rl.tasks import environments  # noqa: F401
+
+    try:
+        make_env = make_environment_factory(env.env_class, "environment.env_class", env.env_options)
+    except ValueError as error:
+        return [str(error)]
+    try:
+        make_env()  # one instance: options it does not take are named now, not at the first step
+    except TypeError as error:
+        return [f"environment.env_options: {env.env_class} does not take {dict(env.env_options)}: {error}"]
+    return []
+
+
 def _writable_problems(cfg) -> list[str]:
     """Checkpoint and export roots the run will write to: a directory, or creatable in a writable one."""
     found = []
@@ -154,7 +173,8 @@ def _placement_problems(cfg, ray_address: str | None) -> list[str]:
 
 def preflight(cfg, ray_address: str | None = None) -> None:
     """Raises ConfigError listing every problem found (see the module docstring)."""
-    problems = [*_data_problems(cfg), *_model_problems(cfg), *_reward_problems(cfg), *_resume_problems(cfg),
-                *_writable_problems(cfg), *_kernel_problems(cfg, ray_address), *_placement_problems(cfg, ray_address)]
+    problems = [*_data_problems(cfg), *_model_problems(cfg), *_reward_problems(cfg), *_environment_problems(cfg),
+                *_resume_problems(cfg), *_writable_problems(cfg), *_kernel_problems(cfg, ray_address),
+                *_placement_problems(cfg, ray_address)]
     if problems:
         raise ConfigError(problems)

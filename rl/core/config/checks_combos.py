@@ -174,3 +174,19 @@ def check_reward_shaping(cfg: Config, problems: Problems) -> None:
     if band >= generator.max_generate_length:
         problems.add("trainer.algorithm.overlong_buffer.len", f"is {band}, not below generator.max_generate_length="
                      f"{generator.max_generate_length}: the penalty would start at the first token; make it smaller")
+
+
+def check_environment(cfg: Config, problems: Problems) -> None:
+    """Turns need an environment to answer them; episodes are generated in the step that trains on them."""
+    env, generator = cfg.environment, cfg.generator
+    if env.env_class is None:
+        if generator.max_turns > 1:
+            problems.add("generator.max_turns", f"is {generator.max_turns}, but without environment.env_class "
+                         "nothing answers the policy between turns; set an environment (e.g. arith_retry) or 1")
+        if env.env_options:
+            problems.add("environment.env_options", "are given, but environment.env_class is null; set the class "
+                         "they are for, or remove them")
+        return
+    if cfg.trainer.fully_async.enabled:
+        problems.add("environment.env_class", "runs multi-turn episodes, which trainer.fully_async does not queue "
+                     "yet; set trainer.fully_async.enabled=false")

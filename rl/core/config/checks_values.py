@@ -107,6 +107,8 @@ RULES: tuple[Rule, ...] = (
     at_least(_ALGO + "overlong_buffer.len", 0, "an integer (0 turns it off)"),
     at_least(_ALGO + "overlong_buffer.penalty_factor", 0, "a number"),
     at_least("data.reward_num_workers", 0),
+    at_least("generator.max_turns", 1),
+    optional(at_least("generator.max_input_length", 2)),
     optional(above("data.reward_timeout_s", 0)),
     one_of("data.reward_on_error", choices.REWARD_ON_ERROR),
     one_of("generator.backend", choices.GENERATOR_BACKENDS),

@@ -409,6 +409,13 @@ class GeneratorConfig:
     eval_temperature: float
     """Sampling temperature for evaluation, >= 0; 0 means greedy decoding."""
 
+    max_turns: int
+    """Multi-turn (environment.env_class set): most policy turns per episode, >= 1."""
+
+    max_input_length: int | None
+    """Multi-turn: most tokens of an episode's context (prompt, turns, observations); null means max_prompt_length +
+    max_turns * max_generate_length, capped at the model's max_position_embeddings."""
+
     apply_overlong_filtering: bool
     """DAPO's overlong filtering (SkyRL's key): responses cut by max_generate_length (no stop token) leave the
     loss entirely; their rewards still count in their group's advantage baseline."""
@@ -455,6 +462,20 @@ class DataConfig:
 
 
 @dataclass(kw_only=True)
+class EnvironmentConfig:
+    """Multi-turn environments (SkyRL's `environment` block)."""
+
+    env_class: str | None
+    """The environment each episode runs in: a registered name (`arith_retry`: the embedded task with a second
+    attempt after a wrong answer) or your own `package.module:Class` / `path/to/file.py:Class`, a subclass of
+    `rl.core.environments.Environment`. Its step rewards (summed) are the episode's reward, in place of
+    data.reward_fn. null: single-turn generation scored by data.reward_fn."""
+
+    env_options: dict[str, Any]
+    """Keyword arguments for the environment class (e.g. {attempts: 3} for arith_retry)."""
+
+
+@dataclass(kw_only=True)
 class Config:
     """The whole run's configuration."""
 
@@ -466,6 +487,9 @@ class Config:
 
     data: DataConfig
     """Datasets and reward."""
+
+    environment: EnvironmentConfig
+    """Multi-turn environments."""
 
     blocks: dict[str, Any] = field(default_factory=dict, metadata={"strategy_blocks": True})
     """The strategies' own config blocks, by dotted key (`trainer.policy.megatron_config`), typed by the strategy

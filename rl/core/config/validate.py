@@ -45,6 +45,7 @@ CHECKS: tuple[Callable[[Config, Problems], None], ...] = (
     checks_combos.check_engine_devices,
     checks_combos.check_weight_sync_backend,
     checks_combos.check_reward_shaping,
+    checks_combos.check_environment,
     checks_backends.check_strategy,
     checks_support.check_unsupported,
 )

@@ -1,0 +1,56 @@
+"""The run's multi-turn side (`environment.env_class`): one episode per sample, its reward the environment's, and
+the context limit the episodes play within."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch import Tensor
+
+from rl.core.environments import make_environment_factory
+from rl.trainer.multi_turn import Trajectory, run_episodes
+
+
+def context_limit(cfg, model_path: str) -> int:
+    """generator.max_input_length, or prompt + max_turns turns, never past the model's positions."""
+    from transformers import AutoConfig
+
+    gen = cfg.generator
+    limit = gen.max_input_length or gen.max_prompt_length + gen.max_turns * gen.max_generate_length
+    positions = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+    return min(limit, positions) if positions else limit
+
+
+class Episodes:
+    def __init__(self, make_env, tokenizer, max_turns: int, max_context_tokens: int):
+        self.make_env, self.tokenizer = make_env, tokenizer
+        self.max_turns, self.max_context_tokens = max_turns, max_context_tokens
+
+    @classmethod
+    def from_config(cls, cfg, tokenizer, model_path: str) -> Episodes | None:
+        env = cfg.environment
+        if env.env_class is None:
+            return None
+        from rl.tasks import environments as _task_environments  # noqa: F401  (registers the tasks' environments)
+
+        make_env = make_environment_factory(env.env_class, "environment.env_class", env.env_options)
+        return cls(make_env, tokenizer, cfg.generator.max_turns, context_limit(cfg, model_path))
+
+    def run(self, generate, records, prompts: list[list[int]], params) -> list[Trajectory]:
+        return run_episodes(generate, self.tokenizer, self.make_env, records, prompts, params, self.max_turns,
+                            self.max_context_tokens)
+
+    @staticmethod
+    def rewards(trajectories: list[Trajectory]) -> tuple[Tensor, dict[str, float]]:
+        """[B] episode rewards, and the means of turns, of the environments' last-step metrics (env/<name>) and of
+        each way the episodes finished (finish/<reason>)."""
+        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+        sums: dict[str, float] = defaultdict(float)
+        for t in trajectories:
+            sums["turns_mean"] += t.turns
+            sums[f"finish/{t.finish_reason}"] += 1
+            for name, value in t.metrics.items():
+                sums[f"env/{name}"] += float(value)
+        count = max(len(trajectories), 1)
+        return rewards, {name: value / count for name, value in sums.items()}
