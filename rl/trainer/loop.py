@@ -20,6 +20,7 @@ from rl.trainer.experience import build_experience
 from rl.trainer.faults import crash_point
 from rl.trainer.metrics import MetricsLogger
 from rl.trainer.policy_update import compute_logprobs, is_on_policy, micro_batching, update_policy
+from rl.trainer.reward_models import start_reward_models
 from rl.trainer.rewarding import RewardScorer
 from rl.trainer.rollout_mismatch import measure_and_correct, skips_old_logprob_pass
 from rl.trainer.rollout_queue import RolloutQueue
@@ -37,8 +38,10 @@ class Trainer:
         self.model_path = sources.model_path
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.train_set, self.val_set = components.load_datasets(cfg, sources.train_data, sources.val_data)
-        self.rewards = RewardScorer(cfg.data)
         self.episodes = Episodes.from_config(cfg, self.tokenizer, self.model_path)
+        # an environment's step rewards replace data.reward_fn
+        self.rewards = None if self.episodes is not None else RewardScorer(
+            cfg.data, start_reward_models(cfg, cfg.data.reward_fn, cfg.trainer.actor_call_timeout_s))
         self.settings = LossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
         self.placement = components.make_placement(cfg)
         print(f"placement: {self.placement.describe()}", flush=True)
@@ -249,7 +252,8 @@ class Trainer:
         return row
 
     def close(self) -> None:
-        self.rewards.close()
+        if self.rewards is not None:
+            self.rewards.close()
 
     def save_checkpoint(self, step: int) -> None:
         staging = checkpoint.staging_dir(self.ckpt_root, step)

@@ -11,6 +11,7 @@ import os
 import torch
 
 from rl.core.config import ConfigError
+from rl.core.config.choices import MODEL_REWARDS
 from rl.core.data import DataError, load_prompt_dataset
 from rl.trainer.sources import EMBEDDED
 
@@ -40,14 +41,14 @@ def _looks_local(path: str) -> bool:
             or (os.path.isdir(path.split("/")[0]) and "/" in path))
 
 
-def _hub_problems(name: str) -> list[str]:
+def _hub_problems(name: str, key: str = "trainer.policy.model.path") -> list[str]:
     """A hub name must be in the local Hugging Face cache, or the hub must answer (a HEAD request, 5 s at most):
     otherwise the first model load, after Ray and the workers started, would fail on the network."""
     from huggingface_hub import constants, try_to_load_from_cache
 
     if isinstance(try_to_load_from_cache(name, "config.json"), str):
         return []
-    key, cache = "trainer.policy.model.path", constants.HF_HUB_CACHE
+    cache = constants.HF_HUB_CACHE
     fix = (f"download it where the hub is reachable and point {key} at the directory, or set HF_HOME to a cache "
            "that holds it")
     if constants.HF_HUB_OFFLINE:
@@ -68,19 +69,48 @@ def _hub_problems(name: str) -> list[str]:
     return []
 
 
-def _model_problems(cfg) -> list[str]:
-    path = cfg.trainer.policy.model.path
-    if path == EMBEDDED:
-        return []
+def _model_path_problems(key: str, path: str) -> list[str]:
+    """A local Hugging Face model directory (with config.json), or a hub name that can be had."""
     if not _looks_local(path):
-        return _hub_problems(path)
+        return _hub_problems(path, key)
     local = os.path.expanduser(path)
     if not os.path.isdir(local):
-        return [f"trainer.policy.model.path: {path} is not a directory; point it at a local Hugging Face model "
-                "directory (config.json, weights, tokenizer) or at a hub name such as Qwen/Qwen2.5-0.5B-Instruct"]
+        return [f"{key}: {path} is not a directory; point it at a local Hugging Face model directory (config.json, "
+                "weights, tokenizer) or at a hub name such as Qwen/Qwen2.5-0.5B-Instruct"]
     if not os.path.isfile(os.path.join(local, "config.json")):
-        return [f"trainer.policy.model.path: {path} holds no config.json; point it at a Hugging Face model directory"]
+        return [f"{key}: {path} holds no config.json; point it at a Hugging Face model directory"]
     return []
+
+
+def _model_problems(cfg) -> list[str]:
+    path = cfg.trainer.policy.model.path
+    return [] if path == EMBEDDED else _model_path_problems("trainer.policy.model.path", path)
+
+
+def _reward_model_problems(cfg) -> list[str]:
+    """The models of trainer.reward that data.reward_fn lists: present, a one-label classifier, a judge template
+    and pattern that parse."""
+    from rl.core.rewards.judge import check_pattern, check_template
+    from rl.core.rewards.reward_model import ClassifierReward
+
+    found, reward = [], cfg.trainer.reward
+    if "reward_model" in cfg.data.reward_fn and reward.model.path is not None:
+        found += _model_path_problems("trainer.reward.model.path", reward.model.path)
+        if not found and _looks_local(reward.model.path):
+            try:
+                ClassifierReward.check_path(os.path.expanduser(reward.model.path))
+            except ValueError as error:
+                found.append(str(error))
+    judge = reward.judge
+    if "llm_judge" in cfg.data.reward_fn and None not in (judge.model_path, judge.template, judge.pattern):
+        found += _model_path_problems("trainer.reward.judge.model_path", judge.model_path)
+        for check, value, key in ((check_template, judge.template, "trainer.reward.judge.template"),
+                                  (check_pattern, judge.pattern, "trainer.reward.judge.pattern")):
+            try:
+                check(value, key)
+            except ValueError as error:
+                found.append(str(error))
+    return found
 
 
 def _resume_problems(cfg) -> list[str]:
@@ -111,6 +141,8 @@ def _reward_problems(cfg) -> list[str]:
 
     found = []
     for index, reference in enumerate(cfg.data.reward_fn):
+        if reference in MODEL_REWARDS:
+            continue  # trainer.reward's models: `_reward_model_problems`
         key = "data.reward_fn" if len(cfg.data.reward_fn) == 1 else f"data.reward_fn[{index}]"
         try:
             load_reward_function(reference, key)
@@ -173,7 +205,8 @@ def _placement_problems(cfg, ray_address: str | None) -> list[str]:
 
 def preflight(cfg, ray_address: str | None = None) -> None:
     """Raises ConfigError listing every problem found (see the module docstring)."""
-    problems = [*_data_problems(cfg), *_model_problems(cfg), *_reward_problems(cfg), *_environment_problems(cfg),
+    problems = [*_data_problems(cfg), *_model_problems(cfg), *_reward_problems(cfg), *_reward_model_problems(cfg),
+                *_environment_problems(cfg),
                 *_resume_problems(cfg), *_writable_problems(cfg), *_kernel_problems(cfg, ray_address),
                 *_placement_problems(cfg, ray_address)]
     if problems:

@@ -190,3 +190,22 @@ def check_environment(cfg: Config, problems: Problems) -> None:
     if cfg.trainer.fully_async.enabled:
         problems.add("environment.env_class", "runs multi-turn episodes, which trainer.fully_async does not queue "
                      "yet; set trainer.fully_async.enabled=false")
+
+
+def check_reward_models(cfg: Config, problems: Problems) -> None:
+    """A model of trainer.reward counts only when data.reward_fn names it, and a name needs its model."""
+    listed, reward = cfg.data.reward_fn, cfg.trainer.reward
+    judge = reward.judge
+    configured = {"reward_model": {"trainer.reward.model.path": reward.model.path},
+                  "llm_judge": {"trainer.reward.judge.model_path": judge.model_path,
+                                "trainer.reward.judge.template": judge.template,
+                                "trainer.reward.judge.pattern": judge.pattern}}
+    for name, keys in configured.items():
+        missing = [key for key, value in keys.items() if value is None]
+        if name in listed:
+            for key in missing:
+                problems.add(key, f"is null, but data.reward_fn lists {name}; set it (see its documentation)")
+        elif len(missing) < len(keys):
+            first = next(key for key, value in keys.items() if value is not None)
+            problems.add(first, f"is set, but data.reward_fn does not list {name}, so it would score nothing; add "
+                         f"{name} to data.reward_fn (and a weight to data.reward_weights) or set it to null")

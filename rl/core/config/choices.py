@@ -19,5 +19,7 @@ KERNELS = ("auto", "torch", "triton", "cuda")
 LOGGERS = ("console", "tensorboard", "wandb")
 DYNAMIC_SAMPLING_TYPES = ("filter", "replace")
 REWARD_ON_ERROR = ("fail", "zero")
+MODEL_REWARDS = ("reward_model", "llm_judge")
+"""data.reward_fn names of the models of trainer.reward (the classifier, the judge)."""
 RESUME_MODES = ("none", "latest")
 """`trainer.resume_mode` is one of these or the path of a checkpoint directory."""

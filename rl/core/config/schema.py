@@ -74,6 +74,53 @@ class RefConfig:
 
 
 @dataclass(kw_only=True)
+class RewardModelPathConfig:
+    """Where the reward model's weights are."""
+
+    path: str | None
+    """A Hugging Face sequence-classification model with one label (e.g. a `...ForSequenceClassification`
+    directory); its logit for prompt + response is the reward named `reward_model` in data.reward_fn. null: none."""
+
+
+@dataclass(kw_only=True)
+class JudgeConfig:
+    """An LLM judge: a causal LM asked, through a generation engine, to grade each response; the reward named
+    `llm_judge` in data.reward_fn."""
+
+    model_path: str | None
+    """The judge model (a local directory or a cached hub name); null: no judge."""
+
+    backend: str
+    """Its generation engine: `hf` or `vllm`."""
+
+    template: str | None
+    """The request, with `{prompt}`, `{response}` and `{answer}` filled in per row (`{response}` is required; write
+    `{{` `}}` for literal braces); sent as one user turn when the judge's tokenizer has a chat template."""
+
+    pattern: str | None
+    """A regular expression with one group: the judge's score is that group of its last match, as a number. An
+    answer without a match is a failed reward call (see data.reward_on_error)."""
+
+    max_new_tokens: int
+    """Most tokens of the judge's answer (greedy decoding), >= 1."""
+
+
+@dataclass(kw_only=True)
+class RewardConfig:
+    """Models that score responses (SkyRL's `trainer.reward`): each runs in a Ray actor of its own, on a GPU share
+    when there is one, and is listed in data.reward_fn by name to count (weighted by data.reward_weights)."""
+
+    model: RewardModelPathConfig
+    """The sequence-classification reward model (`reward_model`)."""
+
+    batch_size: int
+    """Responses the reward model scores in one forward pass, >= 1."""
+
+    judge: JudgeConfig
+    """The LLM judge (`llm_judge`)."""
+
+
+@dataclass(kw_only=True)
 class PlacementConfig:
     """How many nodes and devices each model gets. On CPU one "GPU" is one worker process."""
 
@@ -301,6 +348,9 @@ class TrainerConfig:
     ref: RefConfig
     """The reference model."""
 
+    reward: RewardConfig
+    """Reward models."""
+
     placement: PlacementConfig
     """Nodes and devices."""
 
@@ -439,7 +489,8 @@ class DataConfig:
     """Column holding the reference answer given to the reward function."""
 
     reward_fn: list[str]
-    """The reward: a registered name (`gsm8k`, `gsm8k_flexible`), your own `package.module:function` or
+    """The reward: a registered name (`gsm8k`, `gsm8k_flexible`; `reward_model` and `llm_judge` for the models of
+    trainer.reward), your own `package.module:function` or
     `path/to/file.py:function`, or a list of them (summed with reward_weights). A function is called as
     `fn(response, answer, **fields)` with the row's other columns it names (all with **kwargs; `prompt`,
     `data_source`, `index` always exist) and returns a number or a dict with `score` and further numbers (logged
