@@ -30,7 +30,9 @@ def split_reference(reference: str, key: str) -> tuple[str, str]:
 
 
 def _module_from_file(path: str, key: str):
-    path = os.path.abspath(os.path.expanduser(path))
+    # Under `bazel run` the process runs in its runfiles: a relative path means the directory bazel ran from.
+    path = os.path.join(os.environ.get("BUILD_WORKING_DIRECTORY", ""), os.path.expanduser(path))
+    path = os.path.abspath(path)
     if not os.path.isfile(path):
         raise UserCodeError(f"{key}: file {path} does not exist")
     # One module per file (by its path), registered so that its objects pickle by reference and load once.
