@@ -49,6 +49,7 @@ class ModelSpec:
     kernels: str = "auto"  # trainer.kernels: implementation of the token-logprob op (rl.kernels.ops)
     fused_kernels: bool = False  # trainer.policy.use_fused_kernels: loss and logprobs from hidden states, chunked
     fused_chunk_size: int | None = None  # trainer.policy.fused_kernel_chunk_size
+    lora: dict | None = None  # trainer.policy.model.lora when rank > 0 (policy only): adapters on the base model
 
 
 class TrainingBackend(abc.ABC):
@@ -93,6 +94,19 @@ class TrainingBackend(abc.ABC):
     @abc.abstractmethod
     def full_state_dict(self) -> dict[str, Tensor]:
         """Full weights in Hugging Face naming on CPU, on rank 0 (other ranks: empty). Collective."""
+
+    def adapter_state_dict(self) -> dict[str, Tensor]:
+        """The LoRA adapters under PEFT's adapter-file names, on rank 0 (`rl.backends.lora.adapter_items`).
+        Collective."""
+        raise NotImplementedError(f"{type(self).__name__} does not train LoRA adapters")
+
+    def reference_view(self):
+        """A context in which this (LoRA) policy computes the reference model's logprobs: its adapters off."""
+        if not self.spec.lora:
+            raise RuntimeError("only a LoRA policy doubles as the reference model (adapters off)")
+        from rl.backends.lora import adapters_disabled
+
+        return adapters_disabled(self.model)
 
     def weight_buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
         """The weights for the generation engines, in buckets (`weight_sync`); collective. This default gathers

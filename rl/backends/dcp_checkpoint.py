@@ -10,7 +10,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import Tensor
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from rl.backends.lora import is_adapter
 
 SCHEDULER_FILE = "scheduler.pt"
 
@@ -18,17 +20,30 @@ SCHEDULER_FILE = "scheduler.pt"
 class DCPCheckpointMixin:
     """save_checkpoint / load_checkpoint for a backend with `model`, `optimizer`, `scheduler` and `dist`."""
 
+    def _state_options(self) -> StateDictOptions:
+        # A LoRA policy's checkpoint holds its adapters (and their optimizer state); the base stays at model.path.
+        lora = bool(self.spec.lora)
+        return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
+
+    def _states(self, options: StateDictOptions):
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=options)
+        if self.spec.lora:  # a tied LM head shows up under its own name although frozen: adapters only
+            model_state = {name: value for name, value in model_state.items() if is_adapter(name)}
+        return model_state, optim_state
+
     def save_checkpoint(self, path: str) -> None:
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = self._states(self._state_options())
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
         if self.dist.is_main:
             torch.save(self.scheduler.state_dict(), os.path.join(path, SCHEDULER_FILE))
 
     def load_checkpoint(self, path: str) -> None:
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        options = self._state_options()
+        model_state, optim_state = self._states(options)
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=path)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=options)
         self.scheduler.load_state_dict(torch.load(os.path.join(path, SCHEDULER_FILE), weights_only=True))
 
     @classmethod

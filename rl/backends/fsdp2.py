@@ -15,6 +15,7 @@ from rl.backends.base import TrainingBackend
 from rl.backends.dcp_checkpoint import DCPCheckpointMixin
 from rl.backends.fsdp_config import FSDPConfig, offloads
 from rl.backends.hf_model import load_causal_lm
+from rl.backends.lora import adapter_items, add_lora, merged_items, scaling
 from rl.backends.mesh import decoder_layers, device_mesh
 from rl.backends.weight_sync import Bucket, rank0_buckets
 
@@ -25,6 +26,8 @@ class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
     def build(self) -> None:
         spec, options = self.spec, FSDPConfig.from_options(self.spec.backend_options)
         model = load_causal_lm(spec.path, self.dist.device)
+        if spec.lora:
+            add_lora(model, spec.lora, spec.path)
         if spec.gradient_checkpointing and self.trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         shard_kwargs = {
@@ -40,13 +43,21 @@ class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
         fully_shard(model, **shard_kwargs)
         self.model = model
         if self.trainable:
-            self.make_optimizer(model.parameters())
+            self.make_optimizer([p for p in model.parameters() if p.requires_grad])
         else:
             model.requires_grad_(False)
 
-    def full_state_dict(self) -> dict[str, Tensor]:
+    def own_state_dict(self) -> dict[str, Tensor]:
+        """Full weights in the model's own naming (adapted layers split into base, A and B), on rank 0."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        state = self.own_state_dict()
+        return dict(merged_items(state.items(), scaling(self.spec.lora))) if self.spec.lora else state
+
+    def adapter_state_dict(self) -> dict[str, Tensor]:
+        return dict(adapter_items(self.own_state_dict().items()))
 
     def weight_buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
         """One parameter gathered at a time (`DTensor.full_tensor`, collective), kept on rank 0 until its bucket
@@ -58,4 +69,5 @@ class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
                     yield name, full.detach().to("cpu", copy=True)
                 del full
 
-        yield from rank0_buckets(gathered(), bucket_bytes, self.dist.is_main)
+        items = merged_items(gathered(), scaling(self.spec.lora)) if self.spec.lora else gathered()
+        yield from rank0_buckets(items, bucket_bytes, self.dist.is_main)

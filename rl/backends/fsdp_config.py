@@ -69,6 +69,7 @@ class FSDP2Strategy(StrategyConfig):
     nemo_flags = ("policy.dtensor_cfg.enabled", "policy.dtensor_config.enabled")
     nemo_priority = 1
     nemo_keys: ClassVar[dict[str, str]] = _dtensor_keys()
+    lora = True
 
     def check(self, cfg, problems: Problems) -> None:
         check_rules(cfg, problems, [special_or_at_least_one(f"{key}.fsdp_size", -1, "whole world")
@@ -89,6 +90,7 @@ class FSDP2Strategy(StrategyConfig):
 class FSDPStrategy(FSDP2Strategy):
     name = "fsdp"
     backend = "rl.backends.fsdp:FSDPBackend"
+    lora = False
     nemo_flags = ()
     nemo_keys: ClassVar[dict[str, str]] = {}
 

@@ -55,6 +55,9 @@ class TrainingWorker:
 
     def logprobs(self, micro_batches: list[PackedBatch], model: str = "policy", with_entropy: bool = False
                  ) -> list[torch.Tensor] | None:
+        if model == "ref" and self.ref is None:  # a LoRA policy is its own reference, adapters off
+            with self.policy.reference_view():
+                return self.policy.logprobs_micro_batches(micro_batches, with_entropy)
         backend = self.policy if model == "policy" else self.ref
         return backend.logprobs_micro_batches(micro_batches, with_entropy)
 
@@ -108,8 +111,25 @@ class TrainingWorker:
         return {"sync_bytes": float(sent), "sync_buckets": float(buckets)}
 
     def export_hf(self, model_path: str, output_dir: str) -> None:
+        """Hugging Face weights; for a LoRA policy a PEFT adapter folder, with the merged weights in `merged/` when
+        trainer.policy.model.lora.merge_on_export. The folder appears complete or not at all."""
         from rl.backends.hf_model import save_hf_checkpoint
 
-        state = self.policy.full_state_dict()
+        lora = self.policy.spec.lora
+        if not lora:
+            state = self.policy.full_state_dict()
+            if self.rank == 0:
+                save_hf_checkpoint(model_path, state, output_dir)
+            return
+        from rl.backends.lora import save_adapter
+
+        adapters = self.policy.adapter_state_dict()
+        merged = self.policy.full_state_dict() if lora["merge_on_export"] else None
         if self.rank == 0:
-            save_hf_checkpoint(model_path, state, output_dir)
+            staging = output_dir.rstrip("/") + ".partial"
+            save_adapter(staging, adapters, lora, model_path)
+            if merged is not None:
+                save_hf_checkpoint(model_path, merged, os.path.join(staging, "merged"))
+            if os.path.isdir(output_dir):
+                raise FileExistsError(f"{output_dir} already exists; exports are never overwritten")
+            os.replace(staging, output_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -79,11 +80,13 @@ def model_specs(cfg, model_path: str) -> tuple[ModelSpec, ModelSpec | None]:
     common = {"path": model_path, "temperature": cfg.generator.temperature, "kernels": trainer.kernels,
               "fused_kernels": trainer.policy.use_fused_kernels,
               "fused_chunk_size": trainer.policy.fused_kernel_chunk_size}
+    lora = trainer.policy.model.lora
     policy = ModelSpec(
         role="policy", gradient_checkpointing=trainer.gradient_checkpointing, lr=opt.lr,
         weight_decay=opt.weight_decay, betas=tuple(opt.betas), max_grad_norm=opt.max_grad_norm,
-        lr_warmup_steps=opt.lr_warmup_steps, backend_options=strategy.backend_options(cfg, "policy"), **common)
-    if not trainer.algorithm.use_kl_loss:
+        lr_warmup_steps=opt.lr_warmup_steps, backend_options=strategy.backend_options(cfg, "policy"),
+        lora=dataclasses.asdict(lora) if lora.rank > 0 else None, **common)
+    if not trainer.algorithm.use_kl_loss or policy.lora:  # a LoRA policy is its own reference (adapters off)
         return policy, None
     return policy, ModelSpec(role="ref", backend_options=strategy.backend_options(cfg, "ref"), **common)
 

@@ -45,4 +45,10 @@ def check_strategy(cfg: Config, problems: Problems) -> None:
             f"is {size}, but the {strategy.name} backend does not implement Ulysses sequence parallelism yet (every "
             f"rank would train whole sequences); set it to 1{strategy.ulysses_hint}",
         )
+    lora = cfg.trainer.policy.model.lora
+    if lora.rank > 0 and not strategy.lora:
+        with_lora = [name for name in strategies.STRATEGIES if strategies.STRATEGIES.get(name).lora]
+        problems.add("trainer.policy.model.lora.rank",
+                     f"is {lora.rank}, but the {strategy.name} backend does not train LoRA adapters yet; use "
+                     f"trainer.strategy={' or '.join(with_lora) or '(none yet)'}, or set it to 0")
     strategy.check(cfg, problems)

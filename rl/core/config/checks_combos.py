@@ -209,3 +209,11 @@ def check_reward_models(cfg: Config, problems: Problems) -> None:
             first = next(key for key, value in keys.items() if value is not None)
             problems.add(first, f"is set, but data.reward_fn does not list {name}, so it would score nothing; add "
                          f"{name} to data.reward_fn (and a weight to data.reward_weights) or set it to null")
+
+
+def check_lora(cfg: Config, problems: Problems) -> None:
+    """A LoRA policy is its own reference model (adapters off): there is no separate one to place."""
+    if cfg.trainer.policy.model.lora.rank > 0 and not cfg.trainer.placement.colocate_policy_ref:
+        problems.add("trainer.placement.colocate_policy_ref", "is false, but with LoRA (trainer.policy.model.lora."
+                     "rank > 0) the reference model is the policy with its adapters off, on the policy's workers; "
+                     "leave it true")

@@ -19,6 +19,7 @@ KERNELS = ("auto", "torch", "triton", "cuda")
 LOGGERS = ("console", "tensorboard", "wandb")
 DYNAMIC_SAMPLING_TYPES = ("filter", "replace")
 REWARD_ON_ERROR = ("fail", "zero")
+LORA_INIT_METHODS = ("kaiming", "gaussian")
 MODEL_REWARDS = ("reward_model", "llm_judge")
 """data.reward_fn names of the models of trainer.reward (the classifier, the judge)."""
 RESUME_MODES = ("none", "latest")

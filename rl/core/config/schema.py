@@ -13,12 +13,44 @@ from typing import Any
 
 
 @dataclass(kw_only=True)
+class LoraConfig:
+    """LoRA adapters (SkyRL's keys): only the adapters train; the reference model is the base with them off (no
+    second copy), the optimizer state is the adapters', and exports are a PEFT adapter folder."""
+
+    rank: int
+    """Rank of each adapter; 0 turns LoRA off."""
+
+    alpha: float
+    """Scale numerator: an adapter adds (alpha / rank) * B A x. > 0."""
+
+    dropout: float
+    """Dropout on an adapter's input while training, in [0, 1)."""
+
+    target_modules: list[str]
+    """Names of the linear layers that get adapters (`q_proj`, `v_proj`, ...), or [all-linear] (every linear layer
+    but the LM head). A name the model does not have is refused."""
+
+    exclude_modules: list[str] | None
+    """Names left out of target_modules' matches; null leaves none out."""
+
+    init_method: str
+    """How A starts (B starts at zero, so training starts from the base model): `kaiming` (PEFT's default) or
+    `gaussian`."""
+
+    merge_on_export: bool
+    """Exports (trainer.hf_save_interval) also write the merged full weights (`merged/` beside the adapter)."""
+
+
+@dataclass(kw_only=True)
 class ModelConfig:
     """Where a model's weights come from."""
 
     path: str
     """Hugging Face model id or local directory of the policy (and reference) model. `~` is expanded. `embedded`
     builds the embedded default job's small model (tokenizer, config and a short supervised warm-up, all local)."""
+
+    lora: LoraConfig
+    """LoRA adapters on the policy."""
 
 
 @dataclass(kw_only=True)

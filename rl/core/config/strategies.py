@@ -35,6 +35,8 @@ class StrategyConfig:
     """When several strategies' NeMo flags are true, the highest priority wins (with a warning)."""
     nemo_keys: ClassVar[Mapping[str, str]] = {}
     """NeMo RL key -> the key it sets here."""
+    lora: ClassVar[bool] = False
+    """Whether its backend trains LoRA adapters (`trainer.policy.model.lora`)."""
     ulysses_hint: ClassVar[str] = ""
     """What to set instead of `trainer.policy.sequence_parallel_size` > 1 (no backend implements Ulysses yet)."""
 

@@ -47,6 +47,7 @@ CHECKS: tuple[Callable[[Config, Problems], None], ...] = (
     checks_combos.check_reward_shaping,
     checks_combos.check_environment,
     checks_combos.check_reward_models,
+    checks_combos.check_lora,
     checks_backends.check_strategy,
     checks_support.check_unsupported,
 )

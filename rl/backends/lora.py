@@ -1,0 +1,125 @@
+"""LoRA adapters on a Hugging Face model (`trainer.policy.model.lora`), through PEFT's injection into the model in
+place (transformers' `add_adapter`), so the model keeps its class, its forward and its LM head: each targeted
+linear layer becomes `<name>.base_layer` (frozen) plus `<name>.lora_A.default` / `<name>.lora_B.default`.
+
+The rest of the system sees Hugging Face names: `merged_items` turns a stream of (name, tensor) in the adapted
+model's naming into the base model's names with W + (alpha / rank) B A in place of each adapted weight (what the
+engines and full exports take); `adapter_items` keeps only the adapters, under PEFT's file names, for an adapter
+folder `peft.PeftModel.from_pretrained` loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+ADAPTER = "default"
+_A, _B, _BASE = f".lora_A.{ADAPTER}.weight", f".lora_B.{ADAPTER}.weight", ".base_layer."
+ALL_LINEAR = "all-linear"
+
+
+def peft_config(options: dict, model_path: str | None = None):
+    from peft import LoraConfig
+
+    targets = options["target_modules"]
+    return LoraConfig(
+        r=options["rank"], lora_alpha=options["alpha"], lora_dropout=options["dropout"],
+        target_modules=ALL_LINEAR if targets == [ALL_LINEAR] else list(targets),
+        exclude_modules=options.get("exclude_modules"),
+        init_lora_weights=True if options["init_method"] == "kaiming" else "gaussian",
+        task_type="CAUSAL_LM", base_model_name_or_path=model_path,
+    )
+
+
+def linear_names(model: nn.Module) -> set[str]:
+    """The last name part of every linear layer but the LM head (what target_modules may name)."""
+    head = model.get_output_embeddings()
+    return {name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+            if isinstance(module, nn.Linear) and module is not head}
+
+
+def add_lora(model: nn.Module, options: dict, model_path: str) -> None:
+    """Adapters on `model` in place; only they require grad afterwards. A target name the model lacks is refused."""
+    targets = options["target_modules"]
+    if targets != [ALL_LINEAR]:
+        missing = sorted(set(targets) - linear_names(model))
+        if missing:
+            raise ValueError(f"trainer.policy.model.lora.target_modules: {type(model).__name__} has no linear layer "
+                             f"named {', '.join(missing)}; its linear layers: {', '.join(sorted(linear_names(model)))}"
+                             f" (or [{ALL_LINEAR}])")
+    model.add_adapter(peft_config(options, model_path), adapter_name=ADAPTER)
+
+
+def is_adapter(name: str) -> bool:
+    return name.endswith((_A, _B))
+
+
+def scaling(options: dict) -> float:
+    return float(options["alpha"]) / int(options["rank"])
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module):
+    """The base model: adapters off for the block (the reference model of a LoRA run)."""
+    model.disable_adapters()
+    try:
+        yield
+    finally:
+        model.enable_adapters()
+
+
+def merged_items(items: Iterable[tuple[str, Tensor]], scale: float) -> Iterator[tuple[str, Tensor]]:
+    """The base model's (name, tensor) with each adapted weight merged, W + scale * B @ A (in W's dtype, computed
+    in fp32), from the adapted model's items in state-dict order (a layer's base weight, then A, then B)."""
+    pending: dict[str, dict[str, Tensor]] = {}
+    for name, tensor in items:
+        for suffix, part in ((_A, "A"), (_B, "B"), (_BASE + "weight", "W")):
+            if name.endswith(suffix):
+                prefix = name[: -len(suffix)]
+                parts = pending.setdefault(prefix, {})
+                parts[part] = tensor
+                if len(parts) == 3:
+                    del pending[prefix]
+                    delta = parts["B"].float() @ parts["A"].float()
+                    yield prefix + ".weight", (parts["W"].float() + scale * delta).to(parts["W"].dtype)
+                break
+        else:
+            yield name.replace(_BASE, "."), tensor
+    if pending:
+        raise RuntimeError(f"LoRA layers without all of base weight, A and B in the stream: {sorted(pending)}")
+
+
+def adapter_items(items: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+    """The adapters only, under PEFT's adapter-file names (`base_model.model.<name>.lora_A.weight`)."""
+    for name, tensor in items:
+        if is_adapter(name):
+            yield "base_model.model." + name.replace(f".{ADAPTER}.weight", ".weight"), tensor
+
+
+def save_adapter(directory: str, adapters: dict[str, Tensor], options: dict, model_path: str) -> None:
+    """A PEFT adapter folder: adapter_config.json and adapter_model.safetensors."""
+    from safetensors.torch import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    config = peft_config(options, model_path).to_dict()
+    with open(os.path.join(directory, "adapter_config.json"), "w") as f:
+        json.dump(_jsonable(config), f, indent=2, sort_keys=True)
+    save_file({name: t.contiguous() for name, t in adapters.items()},
+              os.path.join(directory, "adapter_model.safetensors"))
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, set | tuple | list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if hasattr(value, "value") and not isinstance(value, str | int | float | bool):  # enums
+        return value.value
+    return value

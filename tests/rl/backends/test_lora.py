@@ -1,0 +1,167 @@
+"""LoRA on the fsdp2 backend (one process), against plain transformers + PEFT as the oracle: the same losses and
+adapter weights after three steps, base weights bit-identical, the reference (adapters off) equal to the base
+model, merged weights equal to PEFT's merge, an exported adapter folder that PEFT loads to the trainer's logits,
+and a checkpoint of the adapters alone that resumes exactly."""
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from peft import PeftModel
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from rl.backends.base import ModelSpec
+from rl.backends.dist import init_distributed
+from rl.backends.hf_forward import batch_logprobs
+from rl.backends.lora import add_lora, save_adapter
+from rl.backends.registry import build_backend
+from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
+from tests.testing.backend_steps import small_batch
+
+PORT = 29671
+LORA = dict(rank=8, alpha=16, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                           "up_proj", "down_proj"],
+            exclude_modules=None, init_method="gaussian", merge_on_export=False)
+SETTINGS = LossSettings(use_kl_loss=False)
+LR = 1e-2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _process_group():
+    init_distributed(0, 1, "127.0.0.1", PORT)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=True)
+    path = str(tmp_path_factory.mktemp("base"))
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def _backend(path, lora=LORA):
+    spec = ModelSpec(path=path, role="policy", temperature=1.0, lr=LR, weight_decay=0.0, lora=lora)
+    return build_backend("fsdp2", spec, init_distributed(0, 1, "127.0.0.1", PORT))
+
+
+def _own(backend):
+    return {k: v.clone() for k, v in backend.own_state_dict().items()}
+
+
+def _oracle(path, backend):
+    """The base model with the same adapters (copied from the backend), on plain torch."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    add_lora(model, LORA, path)
+    missing, unexpected = model.load_state_dict(_own(backend), strict=False)
+    assert not missing and not unexpected
+    return model
+
+
+def _batch_step(batch, old):
+    return batch.replace(old_logprobs=old)
+
+
+def test_three_steps_match_plain_torch_and_leave_the_base_untouched(model_path):
+    backend = _backend(model_path)
+    oracle = _oracle(model_path, backend)
+    initial = _own(backend)
+    before = {k: v for k, v in initial.items() if "lora_" not in k}
+    trainable = [p for p in oracle.parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n, p in oracle.named_parameters() if p.requires_grad)
+    optimizer = torch.optim.AdamW(trainable, lr=LR, weight_decay=0.0, fused=True)
+    for step in range(3):
+        batch = small_batch()
+        old, _ = backend.logprobs(batch)
+        batch = _batch_step(batch, old)
+        normalizer = LossNormalizer.from_counts("token_mean", int(batch.loss_mask.sum()), 3)
+        got = backend.forward_backward(batch, SETTINGS, normalizer)
+        backend.optimizer_step()
+        oracle.train()
+        logprobs, _ = batch_logprobs(oracle, batch, 1.0, False)
+        loss, _ = compute_policy_loss(SETTINGS, logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask,
+                                      normalizer)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        assert got["loss"] == pytest.approx(float(loss), rel=1e-5, abs=1e-7), f"step {step}"
+    after = _own(backend)
+    for name, value in oracle.state_dict().items():
+        torch.testing.assert_close(after[name], value, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    for name, value in before.items():
+        assert torch.equal(after[name], value), f"{name} changed"
+    assert all(not torch.equal(after[n], v) for n, v in initial.items() if "lora_B" in n), "every B trained"
+
+
+def test_reference_view_is_the_base_model_and_merged_weights_are_pefts(model_path, tmp_path):
+    backend = _backend(model_path)
+    batch = small_batch()
+    old, _ = backend.logprobs(batch)
+    normalizer = LossNormalizer.from_counts("token_mean", int(batch.loss_mask.sum()), 3)
+    backend.forward_backward(_batch_step(batch, old), SETTINGS, normalizer)
+    backend.optimizer_step()
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    with backend.reference_view():
+        ref, _ = backend.logprobs(batch)
+    want, _ = batch_logprobs(base.eval(), batch, 1.0, False)
+    torch.testing.assert_close(ref, want, rtol=0, atol=1e-6)
+    trained, _ = backend.logprobs(batch)
+    assert not torch.allclose(trained, want, atol=1e-4), "the adapters change the policy"
+    # the exported adapter folder, loaded by PEFT on the base model, gives the trainer's logprobs
+    folder = str(tmp_path / "adapter")
+    save_adapter(folder, backend.adapter_state_dict(), LORA, model_path)
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32),
+                                           folder).eval()
+    loaded, _ = batch_logprobs(peft_model, batch, 1.0, False)
+    torch.testing.assert_close(loaded, trained, rtol=1e-5, atol=1e-6)
+    # merged weights (what the engines get) are PEFT's merge, under the base model's names
+    merged = backend.full_state_dict()
+    expected = peft_model.merge_and_unload().state_dict()
+    assert set(merged) == set(expected)
+    for name, value in expected.items():
+        torch.testing.assert_close(merged[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    buckets = {name: t for bucket in backend.weight_buckets(1 << 12) for name, t in bucket}
+    assert set(buckets) == set(merged)
+    for name, value in merged.items():
+        torch.testing.assert_close(buckets[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_checkpoint_holds_the_adapters_and_resumes_exactly(model_path, tmp_path):
+    backend = _backend(model_path)
+    batch = small_batch()
+
+    def step():
+        old, _ = backend.logprobs(batch)
+        normalizer = LossNormalizer.from_counts("token_mean", int(batch.loss_mask.sum()), 3)
+        loss = backend.forward_backward(_batch_step(batch, old), SETTINGS, normalizer)["loss"]
+        backend.optimizer_step()
+        return loss
+
+    step()
+    path = str(tmp_path / "ckpt")
+    backend.save_checkpoint(path)
+    listed = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    model_keys = [key for key in listed if key.startswith("model.")]
+    assert model_keys and all(".lora_A." in key or ".lora_B." in key for key in model_keys), model_keys
+    adapters = [v.numel() for k, v in _own(backend).items() if "lora_" in k]
+    stored = sum(math.prod(entry.size) for entry in listed.values() if isinstance(entry, TensorStorageMetadata))
+    assert stored == 3 * sum(adapters) + len(adapters), "adapters, their Adam moments and steps; nothing of the base"
+    losses = [step(), step()]
+    after = _own(backend)
+    backend.load_checkpoint(path)
+    assert [step(), step()] == losses
+    for name, value in _own(backend).items():
+        assert torch.equal(value, after[name]), name
+
+
+def test_a_target_the_model_lacks_is_refused(model_path):
+    with pytest.raises(ValueError, match="target_modules: Qwen2ForCausalLM has no linear layer named qkv_proj"):
+        _backend(model_path, dict(LORA, target_modules=["q_proj", "qkv_proj"]))
