@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from rl.backends.lora import is_adapter
+from rl.backends.lora import is_adapter, merge_into, read_scaling, write_adapter_config
 
 SCHEDULER_FILE = "scheduler.pt"
 
@@ -36,6 +36,8 @@ class DCPCheckpointMixin:
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
         if self.dist.is_main:
             torch.save(self.scheduler.state_dict(), os.path.join(path, SCHEDULER_FILE))
+            if self.spec.lora:  # the adapters' shape, for readers of the checkpoint (rl.launch.convert)
+                write_adapter_config(path, self.spec.lora, self.spec.path)
 
     def load_checkpoint(self, path: str) -> None:
         options = self._state_options()
@@ -59,4 +61,11 @@ class DCPCheckpointMixin:
         with warnings.catch_warnings():  # that it loads in one process is the point here
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load({"model": model}, checkpoint_id=path, no_dist=True)
-        return model
+        scale = read_scaling(path)
+        if scale is None:
+            return model
+        # a LoRA checkpoint holds the adapters: merged into the base weights the run started from
+        from transformers import AutoModelForCausalLM
+
+        base = AutoModelForCausalLM.from_pretrained(os.path.expanduser(model_path), dtype=torch.float32)
+        return merge_into(base.state_dict(), model, scale)

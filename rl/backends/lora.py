@@ -101,14 +101,42 @@ def adapter_items(items: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Te
             yield "base_model.model." + name.replace(f".{ADAPTER}.weight", ".weight"), tensor
 
 
+CONFIG_FILE = "adapter_config.json"
+
+
+def write_adapter_config(directory: str, options: dict, model_path: str) -> None:
+    with open(os.path.join(directory, CONFIG_FILE), "w") as f:
+        json.dump(_jsonable(peft_config(options, model_path).to_dict()), f, indent=2, sort_keys=True)
+
+
+def read_scaling(directory: str) -> float | None:
+    """alpha / rank of the adapters a checkpoint or adapter folder holds (None: it holds none)."""
+    path = os.path.join(directory, CONFIG_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        config = json.load(f)
+    return float(config["lora_alpha"]) / int(config["r"])
+
+
+def merge_into(base: dict[str, Tensor], adapters: dict[str, Tensor], scale: float) -> dict[str, Tensor]:
+    """The base model's weights (HF names) with adapters in the model's own naming merged in."""
+    merged = dict(base)
+    for name in adapters:
+        if name.endswith(_A):
+            layer = name[: -len(_A)]
+            a, b = adapters[name].float(), adapters[layer + _B].float()
+            weight = merged[layer + ".weight"]
+            merged[layer + ".weight"] = (weight.float() + scale * (b @ a)).to(weight.dtype)
+    return merged
+
+
 def save_adapter(directory: str, adapters: dict[str, Tensor], options: dict, model_path: str) -> None:
     """A PEFT adapter folder: adapter_config.json and adapter_model.safetensors."""
     from safetensors.torch import save_file
 
     os.makedirs(directory, exist_ok=True)
-    config = peft_config(options, model_path).to_dict()
-    with open(os.path.join(directory, "adapter_config.json"), "w") as f:
-        json.dump(_jsonable(config), f, indent=2, sort_keys=True)
+    write_adapter_config(directory, options, model_path)
     save_file({name: t.contiguous() for name, t in adapters.items()},
               os.path.join(directory, "adapter_model.safetensors"))
 

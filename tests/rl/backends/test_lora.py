@@ -154,6 +154,11 @@ def test_checkpoint_holds_the_adapters_and_resumes_exactly(model_path, tmp_path)
     adapters = [v.numel() for k, v in _own(backend).items() if "lora_" in k]
     stored = sum(math.prod(entry.size) for entry in listed.values() if isinstance(entry, TensorStorageMetadata))
     assert stored == 3 * sum(adapters) + len(adapters), "adapters, their Adam moments and steps; nothing of the base"
+    converted = type(backend).checkpoint_weights(path, model_path)  # rl.launch.convert: base + adapters merged
+    merged = backend.full_state_dict()
+    assert set(converted) == set(merged)
+    for name, value in merged.items():
+        torch.testing.assert_close(converted[name], value, rtol=1e-6, atol=1e-7, msg=name)
     losses = [step(), step()]
     after = _own(backend)
     backend.load_checkpoint(path)
