@@ -95,10 +95,23 @@ class TrainingBackend(abc.ABC):
     def full_state_dict(self) -> dict[str, Tensor]:
         """Full weights in Hugging Face naming on CPU, on rank 0 (other ranks: empty). Collective."""
 
+    def own_state_dict(self) -> dict[str, Tensor]:
+        """Full weights in the model's own naming (a LoRA layer as base, A and B), on CPU on rank 0. Collective;
+        what a strategy that trains LoRA adapters implements."""
+        raise NotImplementedError(f"{type(self).__name__} does not train LoRA adapters")
+
+    def own_to_hf(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """`own_state_dict`'s tensors under Hugging Face names, LoRA adapters merged into their layers."""
+        from rl.backends.lora import merged_items, scaling
+
+        return dict(merged_items(state.items(), scaling(self.spec.lora))) if self.spec.lora else state
+
     def adapter_state_dict(self) -> dict[str, Tensor]:
         """The LoRA adapters under PEFT's adapter-file names, on rank 0 (`rl.backends.lora.adapter_items`).
         Collective."""
-        raise NotImplementedError(f"{type(self).__name__} does not train LoRA adapters")
+        from rl.backends.lora import adapter_items
+
+        return dict(adapter_items(self.own_state_dict().items()))
 
     def reference_view(self):
         """A context in which this (LoRA) policy computes the reference model's logprobs: its adapters off."""

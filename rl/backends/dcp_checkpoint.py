@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from rl.backends.lora import is_adapter, merge_into, read_scaling, write_adapter_config
+from rl.backends.lora import is_adapter, with_base, write_adapter_config
 
 SCHEDULER_FILE = "scheduler.pt"
 
@@ -61,11 +61,4 @@ class DCPCheckpointMixin:
         with warnings.catch_warnings():  # that it loads in one process is the point here
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load({"model": model}, checkpoint_id=path, no_dist=True)
-        scale = read_scaling(path)
-        if scale is None:
-            return model
-        # a LoRA checkpoint holds the adapters: merged into the base weights the run started from
-        from transformers import AutoModelForCausalLM
-
-        base = AutoModelForCausalLM.from_pretrained(os.path.expanduser(model_path), dtype=torch.float32)
-        return merge_into(base.state_dict(), model, scale)
+        return with_base(path, model_path, model)

@@ -16,6 +16,7 @@ from torch import Tensor
 from rl.backends.base import TrainingBackend
 from rl.backends.deepspeed_config import merged_section
 from rl.backends.hf_model import load_causal_lm
+from rl.backends.lora import add_lora, is_adapter, merged_items, scaling, with_base, write_adapter_config
 from rl.backends.weight_sync import Bucket, rank0_buckets
 
 CHECKPOINT_TAG = "state"
@@ -36,17 +37,23 @@ class DeepSpeedBackend(TrainingBackend):
 
         spec, cuda = self.spec, self.dist.device.type == "cuda"
         model = load_causal_lm(spec.path, self.dist.device)
+        if spec.lora:
+            add_lora(model, spec.lora, spec.path)
         if spec.gradient_checkpointing and self.trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         section = "train" if self.trainable else "eval"
         self.config = engine_config(section, spec.backend_options or {}, spec.max_grad_norm, cuda)
         if self.trainable:
-            self.make_optimizer(model.parameters())
+            self.make_optimizer([p for p in model.parameters() if p.requires_grad])
         else:
             model.requires_grad_(False)
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=self.optimizer, lr_scheduler=self.scheduler,
                                                config=self.config, dist_init_required=False)
         self.model = self.engine.module
+        if spec.lora:  # checkpoints keep the adapters only: a tied LM head is listed apart from its frozen parameter
+            module_state = self.engine.module_state_dict
+            self.engine.module_state_dict = lambda *args, **kwargs: {
+                name: value for name, value in module_state(*args, **kwargs).items() if is_adapter(name)}
 
     @property
     def zero_stage(self) -> int:
@@ -67,11 +74,15 @@ class DeepSpeedBackend(TrainingBackend):
         return {"grad_norm": float(norm) if norm is not None else 0.0, "lr": lr}
 
     def save_checkpoint(self, path: str) -> None:
-        self.engine.save_checkpoint(path, tag=CHECKPOINT_TAG)
+        # A LoRA policy's checkpoint holds its adapters (and their optimizer state); the base stays at model.path.
+        lora = bool(self.spec.lora)
+        self.engine.save_checkpoint(path, tag=CHECKPOINT_TAG, exclude_frozen_parameters=lora)
+        if lora and self.dist.is_main:
+            write_adapter_config(path, self.spec.lora, self.spec.path)
 
     def load_checkpoint(self, path: str) -> None:
         self.engine.load_checkpoint(path, tag=CHECKPOINT_TAG, load_optimizer_states=True,
-                                    load_lr_scheduler_states=True)
+                                    load_lr_scheduler_states=True, load_module_strict=not self.spec.lora)
 
     @classmethod
     def checkpoint_weights(cls, path: str, model_path: str) -> dict[str, Tensor]:
@@ -82,9 +93,12 @@ class DeepSpeedBackend(TrainingBackend):
         if not os.path.isdir(os.path.join(path, CHECKPOINT_TAG)):
             raise FileNotFoundError(f"{path} has no {CHECKPOINT_TAG}/ folder: not a checkpoint of this DeepSpeed "
                                     "backend")
-        return dict(get_fp32_state_dict_from_zero_checkpoint(path, tag=CHECKPOINT_TAG))
+        return with_base(path, model_path, dict(get_fp32_state_dict_from_zero_checkpoint(path, tag=CHECKPOINT_TAG)))
 
     def full_state_dict(self) -> dict[str, Tensor]:
+        return self.own_to_hf(self.own_state_dict())
+
+    def own_state_dict(self) -> dict[str, Tensor]:
         import deepspeed
 
         gathered = (deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None)
@@ -98,7 +112,9 @@ class DeepSpeedBackend(TrainingBackend):
         """Parameters gathered in groups of about `bucket_bytes` (full size): under ZeRO-3 each group on its own
         (`GatheredParameters`, collective), released before the next, so no rank holds the whole model. Tied
         weights come once, under their first name."""
-        yield from rank0_buckets(self._group_tensors(bucket_bytes), bucket_bytes, self.dist.is_main)
+        items = self._group_tensors(bucket_bytes)
+        items = merged_items(items, scaling(self.spec.lora)) if self.spec.lora else items
+        yield from rank0_buckets(items, bucket_bytes, self.dist.is_main)
 
     def _group_tensors(self, group_bytes: int) -> Iterator[tuple[str, Tensor]]:
         import deepspeed

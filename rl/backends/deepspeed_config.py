@@ -85,6 +85,7 @@ def section_problems(key: str, given: dict, merged: dict, problems: Problems) ->
 class DeepSpeedStrategy(StrategyConfig):
     name = "deepspeed"
     backend = "rl.backends.deepspeed:DeepSpeedBackend"
+    lora = True
     blocks: ClassVar[dict[str, type]] = {BLOCK: DeepSpeedConfig}
 
     def check(self, cfg, problems: Problems) -> None:

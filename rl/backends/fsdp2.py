@@ -15,7 +15,7 @@ from rl.backends.base import TrainingBackend
 from rl.backends.dcp_checkpoint import DCPCheckpointMixin
 from rl.backends.fsdp_config import FSDPConfig, offloads
 from rl.backends.hf_model import load_causal_lm
-from rl.backends.lora import adapter_items, add_lora, merged_items, scaling
+from rl.backends.lora import add_lora, merged_items, scaling
 from rl.backends.mesh import decoder_layers, device_mesh
 from rl.backends.weight_sync import Bucket, rank0_buckets
 
@@ -48,16 +48,11 @@ class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
             model.requires_grad_(False)
 
     def own_state_dict(self) -> dict[str, Tensor]:
-        """Full weights in the model's own naming (adapted layers split into base, A and B), on rank 0."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
 
     def full_state_dict(self) -> dict[str, Tensor]:
-        state = self.own_state_dict()
-        return dict(merged_items(state.items(), scaling(self.spec.lora))) if self.spec.lora else state
-
-    def adapter_state_dict(self) -> dict[str, Tensor]:
-        return dict(adapter_items(self.own_state_dict().items()))
+        return self.own_to_hf(self.own_state_dict())
 
     def weight_buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
         """One parameter gathered at a time (`DTensor.full_tensor`, collective), kept on rank 0 until its bucket

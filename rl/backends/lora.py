@@ -131,6 +131,18 @@ def merge_into(base: dict[str, Tensor], adapters: dict[str, Tensor], scale: floa
     return merged
 
 
+def with_base(path: str, model_path: str, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A checkpoint's weights as a whole model: a LoRA checkpoint (it holds adapters) merged into the base the run
+    started from; any other as it is."""
+    scale = read_scaling(path)
+    if scale is None:
+        return weights
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(os.path.expanduser(model_path), dtype=torch.float32)
+    return merge_into(base.state_dict(), {name: value for name, value in weights.items() if is_adapter(name)}, scale)
+
+
 def save_adapter(directory: str, adapters: dict[str, Tensor], options: dict, model_path: str) -> None:
     """A PEFT adapter folder: adapter_config.json and adapter_model.safetensors."""
     from safetensors.torch import save_file

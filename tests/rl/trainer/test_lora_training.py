@@ -1,4 +1,4 @@
-"""LoRA through the launcher (fsdp2, the HF engine): a run's exports are a PEFT adapter folder that PEFT loads and
+"""LoRA through the launcher (fsdp2 and deepspeed, the HF engine): a run's exports are a PEFT adapter folder that PEFT loads and
 merged weights that transformers loads to the same logits, and a run resumed from its adapter checkpoint logs
 what the uninterrupted run logged."""
 
@@ -25,9 +25,11 @@ def job(tmp_path_factory):
     return make_tiny_job(str(tmp_path_factory.mktemp("job")))
 
 
-def test_exports_are_a_peft_adapter_and_merged_weights(job, tmp_path):
+@pytest.mark.parametrize("strategy", ["fsdp2", "deepspeed"])
+def test_exports_are_a_peft_adapter_and_merged_weights(job, tmp_path, strategy):
     run_dir = str(tmp_path / "run")
     result = run_train(run_dir, [*job.overrides(steps=2), *LORA, "trainer.hf_save_interval=2",
+                                 f"trainer.strategy={strategy}",
                                  "trainer.policy.model.lora.merge_on_export=true"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     export = os.path.join(run_dir, "exports", "global_step_2")
