@@ -1,6 +1,6 @@
-"""LoRA through the launcher (fsdp2 and deepspeed, the HF engine): a run's exports are a PEFT adapter folder that PEFT loads and
-merged weights that transformers loads to the same logits, and a run resumed from its adapter checkpoint logs
-what the uninterrupted run logged."""
+"""LoRA through the launcher (fsdp2 and deepspeed, the HF engine): a run's exports are a PEFT adapter folder that
+PEFT loads and merged weights that transformers loads to the same logits, and a run resumed from its adapter
+checkpoint logs what the uninterrupted run logged."""
 
 import json
 import os
