@@ -105,8 +105,7 @@ CONFIG_FILE = "adapter_config.json"
 
 
 def write_adapter_config(directory: str, options: dict, model_path: str) -> None:
-    with open(os.path.join(directory, CONFIG_FILE), "w") as f:
-        json.dump(_jsonable(peft_config(options, model_path).to_dict()), f, indent=2, sort_keys=True)
+    peft_config(options, model_path).save_pretrained(directory)  # PEFT's own adapter_config.json
 
 
 def read_scaling(directory: str) -> float | None:
@@ -152,14 +151,3 @@ def save_adapter(directory: str, adapters: dict[str, Tensor], options: dict, mod
     save_file({name: t.contiguous() for name, t in adapters.items()},
               os.path.join(directory, "adapter_model.safetensors"))
 
-
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, set | tuple | list):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, torch.dtype):
-        return str(value)
-    if hasattr(value, "value") and not isinstance(value, str | int | float | bool):  # enums
-        return value.value
-    return value

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from rl.backends.lifeline import exit_with_parent
+from rl.core.config.choices import MODEL_REWARDS
 
 ModelScore = Callable[[list[str], list[str], list[str]], list[float | None]]
 
@@ -52,7 +53,7 @@ def start_reward_models(cfg, names: list[str], timeout_s: float | None) -> dict[
     gpu_share = 0.01 if torch.cuda.is_available() else 0  # beside the colocated workers, like the engines
     remote = ray.remote(RewardModelActor).options(num_cpus=0, num_gpus=gpu_share,
                                                   runtime_env={"env_vars": ACTOR_ENV})
-    actors = {name: remote.remote(name, reward_cfg) for name in names if name in ("reward_model", "llm_judge")}
+    actors = {name: remote.remote(name, reward_cfg) for name in names if name in MODEL_REWARDS}
 
     def scorer(actor) -> ModelScore:
         return lambda prompts, responses, answers: ray.get(actor.score.remote(prompts, responses, answers),
