@@ -15,12 +15,13 @@ from torch import Tensor
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+from torch.distributed.fsdp.wrap import _or_policy, lambda_auto_wrap_policy, transformer_auto_wrap_policy
 
 from rl.backends.base import TrainingBackend
 from rl.backends.dcp_checkpoint import DCPCheckpointMixin
 from rl.backends.fsdp_config import FSDPConfig, offloads
 from rl.backends.hf_model import load_causal_lm
+from rl.backends.lora import add_lora, merged_items, scaling
 from rl.backends.mesh import decoder_layers, device_mesh
 from rl.backends.weight_sync import Bucket, rank0_buckets
 
@@ -36,13 +37,20 @@ class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
         spec, device = self.spec, self.dist.device
         options = FSDPConfig.from_options(spec.backend_options)  # policy CPU offload is refused at config load
         model = load_causal_lm(spec.path, device)
+        if spec.lora:
+            add_lora(model, spec.lora, spec.path)
         if spec.gradient_checkpointing and self.trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         layer_types = {type(layer) for layer in decoder_layers(model)}
         hybrid = options.fsdp_size not in (-1, self.dist.world_size)
+        policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_types)
+        if spec.lora:
+            # Each adapter its own unit: FSDP1's state dicts need a flat parameter to be all frozen or all trained.
+            policy = functools.partial(_or_policy, policies=[policy, functools.partial(
+                lambda_auto_wrap_policy, lambda_fn=_trainable_leaf)])
         self.model = FSDP(
             model,
-            auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_types),
+            auto_wrap_policy=policy,
             sharding_strategy=sharding_strategy(options.reshard_after_forward, hybrid),
             device_mesh=device_mesh(device, self.dist.world_size, options.fsdp_size) if hybrid else None,
             cpu_offload=(CPUOffload(offload_params=True) if offloads(options, device.type, self.dist.is_main)
@@ -51,11 +59,20 @@ class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
                              if device.type == "cuda" else None),
             device_id=device,
             use_orig_params=True,
+            ignored_states=self._ignored(model, hybrid),
         )
         if self.trainable:
-            self.make_optimizer(self.model.parameters())
+            self.make_optimizer([p for p in self.model.parameters() if p.requires_grad])
         else:
             self.model.requires_grad_(False)
+
+    def _ignored(self, model: torch.nn.Module, hybrid: bool) -> list[torch.nn.Parameter] | None:
+        """A LoRA model's frozen weights on one rank stay outside FSDP. There FSDP1 falls back to NO_SHARD, which
+        keeps every weight whole anyway, and its NO_SHARD views of frozen flat parameters are left as plain tensors
+        after a forward (gone from the state dict; a tied one fails its own assertion)."""
+        if not self.spec.lora or hybrid or self.dist.world_size > 1:
+            return None
+        return [p for p in model.parameters() if not p.requires_grad]
 
     def clip_grad_norm(self) -> float:
         return float(self.model.clip_grad_norm_(self.spec.max_grad_norm))
@@ -64,7 +81,8 @@ class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
         """One FSDP unit (a decoder layer, then the root's own parameters) gathered at a time
         (`summon_full_params(recurse=False)`, collective), its parameters copied on rank 0 until a bucket is full.
         Tied weights come once, under their first name."""
-        yield from rank0_buckets(self._unit_tensors(), bucket_bytes, self.dist.is_main)
+        items = merged_items(self._unit_tensors(), scaling(self.spec.lora)) if self.spec.lora else self._unit_tensors()
+        yield from rank0_buckets(items, bucket_bytes, self.dist.is_main)
 
     def _unit_tensors(self) -> Iterator[tuple[str, Tensor]]:
         wrapper = "_fsdp_wrapped_module."
@@ -83,9 +101,17 @@ class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
                         yield full, param.detach().to("cpu", copy=True)
 
     def full_state_dict(self) -> dict[str, Tensor]:
+        return self.own_to_hf(self.own_state_dict())
+
+    def own_state_dict(self) -> dict[str, Tensor]:
         # Offloading the gathered state to CPU segfaults FSDP1 on CPU-only hosts; there it is on the CPU already.
         offload = self.dist.device.type == "cuda"
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
         if offload:
             return state
         return {name: tensor.detach().clone() for name, tensor in state.items()} if self.dist.is_main else {}
+
+
+def _trainable_leaf(module: torch.nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return not list(module.children()) and isinstance(weight, torch.nn.Parameter) and weight.requires_grad

@@ -90,7 +90,6 @@ class FSDP2Strategy(StrategyConfig):
 class FSDPStrategy(FSDP2Strategy):
     name = "fsdp"
     backend = "rl.backends.fsdp:FSDPBackend"
-    lora = False
     nemo_flags = ()
     nemo_keys: ClassVar[dict[str, str]] = {}
 

@@ -19,7 +19,8 @@ import torch
 from torch import Tensor, nn
 
 ADAPTER = "default"
-_A, _B, _BASE = f".lora_A.{ADAPTER}.weight", f".lora_B.{ADAPTER}.weight", ".base_layer."
+BASE_LAYER = ".base_layer."
+_A, _B, _BASE = f".lora_A.{ADAPTER}.weight", f".lora_B.{ADAPTER}.weight", BASE_LAYER
 ALL_LINEAR = "all-linear"
 
 

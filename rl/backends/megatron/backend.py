@@ -8,7 +8,8 @@ DistributedDataParallel grad buffers, `finalize_model_grads`, the distributed op
 inside) and its grad norm and clipping, with the base class's LR warm-up. With `optimizer_cpu_offload` megatron's
 non-distributed optimizer handles the grads and `rl.backends.host_optimizer.HostAdamW` the update (megatron's
 HybridDeviceOptimizer does not work here: see optimizer.py). Checkpoints hold megatron's distributed-optimizer state
-gathered over DP (checkpoint.py).
+gathered over DP (checkpoint.py). With LoRA (`trainer.policy.model.lora`) the base is frozen and adapters sit on
+the tensor-parallel linear layers (lora.py): checkpoints hold the adapters, engines and exports get merged weights.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ class MegatronBackend(TrainingBackend):
     def _build(self) -> None:
         from transformers import AutoConfig
 
-        from rl.backends.hf_model import load_causal_lm
         from rl.backends.megatron.convert import hf_to_megatron
         from rl.backends.megatron.model import build_gpt_model, transformer_config
 
@@ -59,10 +59,17 @@ class MegatronBackend(TrainingBackend):
         # One model chunk per virtual pipeline stage (VP of them with the interleaved schedule; one otherwise).
         self.chunks = [build_gpt_model(self.hf_config, config, self.layout, k) for k in range(self.layout.vp)]
         self.model = self.chunks[0] if len(self.chunks) == 1 else torch.nn.ModuleList(self.chunks)
-        weights = load_causal_lm(self.spec.path, torch.device("cpu")).state_dict()
+        weights, adapters = self._hf_weights()
+        self.adapters: list = []
         for chunk, layout in zip(self.chunks, self.layout.chunks(), strict=True):
             self._load_local(chunk, hf_to_megatron(weights, self.hf_config, layout))
-        del weights
+            if self.spec.lora:
+                from rl.backends.lora import scaling
+                from rl.backends.megatron.lora import attach
+
+                self.adapters += attach(chunk, adapters, self.hf_config, layout, scaling(self.spec.lora),
+                                        opts.sequence_parallel)
+        del weights, adapters
         self.model.to(self.dist.device)
         self.ddp: list = []
         if self.trainable:
@@ -73,13 +80,29 @@ class MegatronBackend(TrainingBackend):
         else:
             self.model.requires_grad_(False)
 
+    def _hf_weights(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """The HF model's weights and, with LoRA, the adapters PEFT puts on it (its targets, its initial values,
+        so that every strategy starts a LoRA run from the same adapters)."""
+        from rl.backends.hf_model import load_causal_lm
+        from rl.backends.lora import BASE_LAYER, add_lora, is_adapter
+
+        model = load_causal_lm(self.spec.path, torch.device("cpu"))
+        if not self.spec.lora:
+            return model.state_dict(), {}
+        add_lora(model, self.spec.lora, self.spec.path)
+        state = model.state_dict()
+        return ({name.replace(BASE_LAYER, "."): t for name, t in state.items() if not is_adapter(name)},
+                {name: t for name, t in state.items() if is_adapter(name)})
+
     def _scheduled_chunks(self) -> list[torch.nn.Module]:
         return self.ddp or self.chunks
 
     @staticmethod
-    def _load_local(chunk: torch.nn.Module, state: dict[str, Tensor]) -> None:
+    def _load_local(chunk: torch.nn.Module, state: dict[str, Tensor], adapters_only: bool = False) -> None:
+        from rl.backends.megatron.lora import is_adapter_key
+
         missing, unexpected = chunk.load_state_dict(state, strict=False)
-        missing = [k for k in missing if not k.endswith("_extra_state")]
+        missing = [k for k in missing if not k.endswith("_extra_state") and (is_adapter_key(k) or not adapters_only)]
         if missing or unexpected:
             raise ValueError(f"megatron weights do not match the model: missing {missing}, unexpected {unexpected}")
 
@@ -235,9 +258,41 @@ class MegatronBackend(TrainingBackend):
         if to_host:
             torch.cuda.empty_cache()
 
+    # --- LoRA -------------------------------------------------------------------------------------------------
+    def reference_view(self):
+        if not self.spec.lora:
+            return super().reference_view()
+        from rl.backends.megatron.lora import disabled
+
+        return disabled(self.adapters)
+
+    def _weights(self) -> list[dict[str, Tensor]]:
+        """Each chunk's local weights for the engines and exports: with LoRA, adapters merged into their layers."""
+        states = ckpt.chunk_states(self.chunks)
+        if not self.spec.lora:
+            return states
+        from rl.backends.megatron.lora import merged
+
+        return [merged(state, chunk) for state, chunk in zip(states, self.chunks, strict=True)]
+
+    def adapter_state_dict(self) -> dict[str, Tensor]:
+        """The adapters under PEFT's names on rank 0, each gathered from its TP shards (collective)."""
+        from rl.backends.lora import adapter_items
+        from rl.backends.megatron.lora import adapter_state, to_hf
+
+        shards = ckpt.gather_shards([adapter_state(s) for s in ckpt.chunk_states(self.chunks)], self.layout)
+        if shards is None:
+            return {}
+        layout = self.layout
+        return dict(adapter_items(to_hf(shards, self.hf_config, layout.tp, layout.pp * layout.vp)))
+
     # --- checkpoints and export -------------------------------------------------------------------------------
     def save_checkpoint(self, path: str) -> None:
-        states = [{"model": state} for state in ckpt.chunk_states(self.chunks)]
+        """With LoRA the shard files hold the adapters only (and adapter_config.json their shape)."""
+        from rl.backends.megatron.lora import adapter_state
+
+        states = [{"model": adapter_state(state) if self.spec.lora else state}
+                  for state in ckpt.chunk_states(self.chunks)]
         with cpu_compat(self.dist.device):
             states[0].update(self.optimizer.state_dict(), pipeline=self._pipeline())
         ckpt.save_distributed(path, self.layout, states)
@@ -245,6 +300,10 @@ class MegatronBackend(TrainingBackend):
             from rl.backends.megatron.hf_io import write_layout
 
             write_layout(path, self.layout, os.path.expanduser(self.spec.path))
+            if self.spec.lora:
+                from rl.backends.lora import write_adapter_config
+
+                write_adapter_config(path, self.spec.lora, self.spec.path)
 
     @classmethod
     def checkpoint_weights(cls, path: str, model_path: str) -> dict[str, Tensor]:
@@ -258,7 +317,7 @@ class MegatronBackend(TrainingBackend):
     def load_checkpoint(self, path: str) -> None:
         states = ckpt.read_chunks(path, self.layout)
         for chunk, state in zip(self.chunks, states, strict=True):
-            self._load_local(chunk, state["model"])
+            self._load_local(chunk, state["model"], adapters_only=bool(self.spec.lora))
         if self.optimizer is not None:
             saved = states[0].get("pipeline", {"pp": self.layout.pp * self.layout.vp, "vp": 1})
             if "optimizer" in states[0] and saved != self._pipeline():
@@ -285,7 +344,7 @@ class MegatronBackend(TrainingBackend):
         sends = ps.get_data_parallel_rank() == 0  # replicas hold the same shards
         layers: dict[int, dict[str, Tensor]] = {}
         edges: dict[str, dict[str, Tensor]] = {"first": {}, "last": {}}
-        for chunk, state in zip(layout.chunks(), ckpt.chunk_states(self.chunks), strict=True):
+        for chunk, state in zip(layout.chunks(), self._weights(), strict=True):
             for key, tensor in state.items() if sends else ():
                 if key.startswith("decoder.layers."):
                     local, rest = key[len("decoder.layers."):].split(".", 1)
@@ -313,7 +372,7 @@ class MegatronBackend(TrainingBackend):
     def full_state_dict(self) -> dict[str, Tensor]:
         from rl.backends.megatron.convert import megatron_to_hf
 
-        shards = ckpt.gather_shards(ckpt.chunk_states(self.chunks), self.layout)
+        shards = ckpt.gather_shards(self._weights(), self.layout)
         if shards is None:
             return {}
         layout = self.layout

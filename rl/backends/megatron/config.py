@@ -179,6 +179,7 @@ class MegatronStrategy(StrategyConfig):
         "policy.megatron_cfg.optimizer.optimizer_cpu_offload": f"{BLOCK}.optimizer_cpu_offload",
     }
     ulysses_hint = f", and use {BLOCK}.sequence_parallel=true with TP > 1 for megatron's own sequence parallelism"
+    lora = True
 
     def check(self, cfg, problems: Problems) -> None:
         before = len(problems.lines)
@@ -198,6 +199,11 @@ class MegatronStrategy(StrategyConfig):
                 problems.add(key, f"{problem} ({cfg.trainer.policy.model.path}/config.json); pick a divisor")
         for key, problem in kwargs_problems(block.transformer_config_kwargs, set(dataclasses.asdict(block))):
             problems.add(key, problem)
+        lora = cfg.trainer.policy.model.lora
+        if lora.rank > 0 and lora.dropout > 0:
+            problems.add("trainer.policy.model.lora.dropout",
+                         f"is {lora.dropout}, but megatron's adapters take no dropout (the TP ranks of an adapter "
+                         "would need one mask); set it to 0 or use trainer.strategy=fsdp2")
         if cfg.trainer.kernels != "auto":
             problems.add("trainer.kernels",
                          f"is {cfg.trainer.kernels}, but trainer.strategy=megatron computes its vocab-parallel "

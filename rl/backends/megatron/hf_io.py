@@ -61,8 +61,12 @@ def megatron_checkpoint_to_hf(megatron_dir: str, out_dir: str, hf_config_path: s
 
 
 def megatron_weights(megatron_dir: str, hf_config_path: str) -> dict[str, torch.Tensor]:
-    """Every shard's model state merged under Hugging Face names."""
+    """Every shard's model state merged under Hugging Face names; a LoRA checkpoint's adapters merged into the base
+    model at `hf_config_path`."""
     from transformers import AutoConfig
+
+    from rl.backends.lora import read_scaling, with_base
+    from rl.backends.megatron.lora import to_hf
 
     info = read_layout(megatron_dir)
     config = AutoConfig.from_pretrained(hf_config_path)
@@ -72,4 +76,6 @@ def megatron_weights(megatron_dir: str, hf_config_path: str) -> dict[str, torch.
             for e in range(info["ep"]):
                 layout = Layout(tp=info["tp"], pp=info["pp"], ep=info["ep"], tp_rank=t, pp_rank=p, ep_rank=e)
                 shards[(t, p, e)] = ckpt.read_shard(megatron_dir, layout)["model"]
+    if read_scaling(megatron_dir) is not None:  # adapters only
+        return with_base(megatron_dir, hf_config_path, dict(to_hf(shards, config, info["tp"], info["pp"])))
     return megatron_to_hf(shards, config, info["tp"], info["pp"], info["ep"])

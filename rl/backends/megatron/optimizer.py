@@ -79,8 +79,8 @@ class MegatronAdam:
         self.megatron = _megatron_optimizer(ddp_chunks, spec)
         self.host = None
         if offload:
-            self.host = HostAdamW([p for chunk in ddp_chunks for p in chunk.module.parameters()], lr=spec.lr,
-                                  betas=spec.betas, weight_decay=spec.weight_decay)
+            trained = [p for chunk in ddp_chunks for p in chunk.module.parameters() if p.requires_grad]
+            self.host = HostAdamW(trained, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay)
         self.scheduler = WarmupLR(self.torch_optimizers(), spec.lr_warmup_steps)
 
     def torch_optimizers(self) -> list[torch.optim.Optimizer]:

@@ -1,8 +1,7 @@
-"""LoRA on the fsdp2 and DeepSpeed (ZeRO-2, ZeRO-3) backends (one process), against plain transformers + PEFT as the
-oracle: the same losses and
-adapter weights after three steps, base weights bit-identical, the reference (adapters off) equal to the base
-model, merged weights equal to PEFT's merge, an exported adapter folder that PEFT loads to the trainer's logits,
-and a checkpoint of the adapters alone that resumes exactly."""
+"""LoRA on the fsdp2, fsdp and DeepSpeed (ZeRO-2, ZeRO-3) backends (one process), against plain transformers + PEFT
+as the oracle: the same losses and adapter weights after three steps, base weights bit-identical, the reference
+(adapters off) equal to the base model, merged weights equal to PEFT's merge, an exported adapter folder that PEFT
+loads to the trainer's logits, and a checkpoint of the adapters alone that resumes exactly."""
 
 import math
 import os
@@ -49,7 +48,7 @@ def model_path(tmp_path_factory):
     return path
 
 
-STRATEGIES = {"fsdp2": ("fsdp2", None), "zero2": ("deepspeed", None),
+STRATEGIES = {"fsdp2": ("fsdp2", None), "fsdp": ("fsdp", None), "zero2": ("deepspeed", None),
               "zero3": ("deepspeed", {"zero_optimization": {"stage": 3}})}
 
 
@@ -164,7 +163,7 @@ def test_checkpoint_holds_the_adapters_and_resumes_exactly(model_path, strategy,
     backend.save_checkpoint(path)
     model_keys = _stored_model_keys(path)
     assert model_keys and all(".lora_A." in key or ".lora_B." in key for key in model_keys), model_keys
-    if strategy[0] == "fsdp2":  # DCP lists every tensor it stored
+    if strategy[0] in ("fsdp2", "fsdp"):  # DCP lists every tensor it stored
         listed = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
         adapters = [v.numel() for k, v in _own(backend).items() if "lora_" in k]
         stored = sum(math.prod(entry.size) for entry in listed.values() if isinstance(entry, TensorStorageMetadata))

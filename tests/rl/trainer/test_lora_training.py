@@ -1,4 +1,4 @@
-"""LoRA through the launcher (fsdp2 and deepspeed, the HF engine): a run's exports are a PEFT adapter folder that
+"""LoRA through the launcher (every strategy, the HF engine): a run's exports are a PEFT adapter folder that
 PEFT loads and merged weights that transformers loads to the same logits, and a run resumed from its adapter
 checkpoint logs what the uninterrupted run logged."""
 
@@ -25,7 +25,7 @@ def job(tmp_path_factory):
     return make_tiny_job(str(tmp_path_factory.mktemp("job")))
 
 
-@pytest.mark.parametrize("strategy", ["fsdp2", "deepspeed"])
+@pytest.mark.parametrize("strategy", ["fsdp2", "deepspeed", "megatron"])
 def test_exports_are_a_peft_adapter_and_merged_weights(job, tmp_path, strategy):
     run_dir = str(tmp_path / "run")
     result = run_train(run_dir, [*job.overrides(steps=2), *LORA, "trainer.hf_save_interval=2",
@@ -78,8 +78,9 @@ def test_resume_from_an_adapter_checkpoint_continues_exactly(job, tmp_path, one_
 
 
 @pytest.mark.parametrize("strategy,workers,extra", [
-    ("fsdp2", 2, ()), ("deepspeed", 2, ("deepspeed_config.train.zero_optimization.stage=3",)),
-], ids=["fsdp2-2w", "zero3-2w"])
+    ("fsdp2", 2, ()), ("fsdp", 2, ()), ("deepspeed", 2, ("deepspeed_config.train.zero_optimization.stage=3",)),
+    ("megatron", 2, ("trainer.policy.megatron_config.tensor_model_parallel_size=2",)),
+], ids=["fsdp2-2w", "fsdp-2w", "zero3-2w", "megatron-tp2-2w"])
 def test_the_same_lora_job_through_every_layout(job, tmp_path, one_worker, strategy, workers, extra):
     run_dir = str(tmp_path / "run")
     result = run_train(run_dir, [*job.overrides(steps=STEPS), *LORA, *extra, f"trainer.strategy={strategy}",

@@ -1,0 +1,235 @@
+"""LoRA on the megatron backend under TP=2 (with and without sequence parallelism), PP=2 (and VP=2), DP=2, on one
+rank, and on Mixtral's attention under EP=2, against transformers + PEFT as the oracle: the adapters start as PEFT's,
+three steps give PEFT's losses and adapter weights, base weights stay bit-identical, the reference (adapters off) is
+the base model, merged weights are PEFT's merge, the adapters gathered from the TP/PP shards load in `PeftModel`,
+and a checkpoint of the adapters alone resumes exactly and converts (merged) to HF weights."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from rl.backends.hf_forward import batch_logprobs
+from rl.backends.lora import adapters_disabled, add_lora, save_adapter
+from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
+from rl.core.packing import pack_sequences
+from tests.rl.backends.megatron.harness import free_port, reported, sequences, shard_batches
+
+VOCAB = 61
+LORA = dict(rank=8, alpha=16, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                           "up_proj", "down_proj"],
+            exclude_modules=None, init_method="gaussian", merge_on_export=False)
+# Mixtral's experts are fused 3-D tensors in transformers, not linear layers: PEFT (and so every strategy) adapts
+# its attention
+MOE_LORA = dict(LORA, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+SETTINGS = LossSettings(use_kl_loss=False)
+LR, STEPS = 1e-2, 3
+# name -> (model, megatron_config); the first runs on one rank, the others on two
+LAYOUTS = {"single": ("qwen", {}),
+           "tp2": ("qwen", {"tensor_model_parallel_size": 2}),
+           "tp2-sp": ("qwen", {"tensor_model_parallel_size": 2, "sequence_parallel": True}),
+           "pp2": ("qwen", {"pipeline_model_parallel_size": 2}),
+           "pp2-vp2": ("qwen", {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2}),
+           "dp2": ("qwen", {}),
+           "mixtral-ep2": ("mixtral", {"expert_model_parallel_size": 2})}
+
+
+def _models(directory: str) -> dict[str, tuple[str, dict]]:
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                  pad_token_id=0, max_position_embeddings=64)
+    qwen = Qwen2ForCausalLM(Qwen2Config(hidden_size=64, intermediate_size=96, tie_word_embeddings=True, **common))
+    mixtral = MixtralForCausalLM(MixtralConfig(hidden_size=32, intermediate_size=48, head_dim=8, num_local_experts=4,
+                                               num_experts_per_tok=2, tie_word_embeddings=False, **common))
+    out = {}
+    for name, model, lora in (("qwen", qwen, LORA), ("mixtral", mixtral, MOE_LORA)):
+        model.save_pretrained(os.path.join(directory, name))
+        out[name] = (os.path.join(directory, name), lora)
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, tuple[str, dict]]:
+    return _models(str(tmp_path_factory.mktemp("models")))
+
+
+def _step(backend, shard, layout, tokens: int) -> float:
+    """One on-policy step: old logprobs from the backend itself; the summed loss of every shard."""
+    old = reported(backend.logprobs_micro_batches(shard), layout)  # every shard's, on every rank
+    batches = [b.replace(old_logprobs=lp) for b, lp in zip(shard, old[layout.index], strict=True)]
+    normalizer = LossNormalizer.from_counts("token_mean", tokens, len(sequences(VOCAB)), dp_world_size=layout.size)
+    metrics = backend.train_micro_batches(batches, SETTINGS, normalizer)
+    backend.optimizer_step()
+    return sum(m["loss"] for m in reported(metrics, layout))
+
+
+def _run_layout(info, options: dict, path: str, lora: dict, directory: str) -> dict:
+    from megatron.core import parallel_state
+
+    from rl.backends.base import ModelSpec
+    from rl.backends.registry import build_backend
+
+    def build():
+        torch.manual_seed(0)
+        spec = ModelSpec(path=path, role="policy", temperature=1.0, lr=LR, lora=lora, backend_options=options)
+        return build_backend("megatron", spec, info)
+
+    backend = build()
+    layout = backend.data_parallel_rank()
+    shards, seqs = shard_batches(VOCAB, layout.size)
+    tokens = sum(int(s["loss_mask"].sum()) for s in seqs)
+    whole = pack_sequences(seqs)
+    out = {"initial": backend.adapter_state_dict(), "base": backend.full_state_dict()}
+    with backend.reference_view():
+        out["reference"] = reported(backend.logprobs(whole)[0], layout)[0]
+    losses = [_step(backend, shards[layout.index], layout, tokens) for _ in range(STEPS - 1)]
+    checkpoint = os.path.join(directory, "ckpt")
+    backend.save_checkpoint(checkpoint)
+    out["checkpointed"] = backend.adapter_state_dict()
+    losses.append(_step(backend, shards[layout.index], layout, tokens))
+    out.update(losses=losses, adapters=backend.adapter_state_dict(), merged=backend.full_state_dict(),
+               logprobs=reported(backend.logprobs(whole)[0], layout)[0], checkpoint=checkpoint)
+    parallel_state.destroy_model_parallel()
+    resumed = build()
+    resumed.load_checkpoint(checkpoint)
+    out["resumed_loss"] = _step(resumed, shards[layout.index], layout, tokens)
+    out["resumed_adapters"] = resumed.adapter_state_dict()
+    parallel_state.destroy_model_parallel()
+    return out
+
+
+def _worker(rank: int, world: int, port: int, layouts: dict, models: dict, directory: str) -> None:
+    from rl.backends.dist import init_distributed
+
+    torch.set_num_threads(1)
+    info = init_distributed(rank, world, "127.0.0.1", port)
+    results = {name: _run_layout(info, options, *models[model], os.path.join(directory, name))
+               for name, (model, options) in layouts.items()}
+    if rank == 0:
+        torch.save(results, os.path.join(directory, "result.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def runs(models, tmp_path_factory) -> dict[str, dict]:
+    results = {}
+    names = list(LAYOUTS)
+    for world, group in ((1, names[:1]), (2, names[1:])):
+        directory = str(tmp_path_factory.mktemp(f"world{world}"))
+        layouts = {name: LAYOUTS[name] for name in group}
+        mp.spawn(_worker, args=(world, free_port(), layouts, models, directory), nprocs=world)
+        results.update(torch.load(os.path.join(directory, "result.pt"), weights_only=False))
+    return results
+
+
+def _own_names(adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """PEFT adapter-file names -> the adapted model's (`...q_proj.lora_A.default.weight`)."""
+    return {name.removeprefix("base_model.model.").replace(".weight", ".default.weight"): t
+            for name, t in adapters.items()}
+
+
+def _oracle(model_path: str, lora: dict) -> dict:
+    """transformers + PEFT from the same seed: its adapters, and three steps of plain torch on every sequence."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    add_lora(model, lora, model_path)
+    initial = {n: t.clone() for n, t in model.state_dict().items() if "lora_" in n}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=LR, weight_decay=0.0)
+    seqs = sequences(VOCAB)
+    whole = pack_sequences(seqs)
+    with torch.no_grad(), adapters_disabled(model):
+        reference, _ = batch_logprobs(model.eval(), whole, 1.0, False)
+    losses = []
+    for _ in range(STEPS):
+        with torch.no_grad():
+            old, _ = batch_logprobs(model.eval(), whole, 1.0, False)
+        batch = whole.replace(old_logprobs=old)
+        normalizer = LossNormalizer.from_counts("token_mean", int(batch.loss_mask.sum()), len(seqs))
+        logprobs, _ = batch_logprobs(model.train(), batch, 1.0, False)
+        loss, _ = compute_policy_loss(SETTINGS, logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask,
+                                      normalizer)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    with torch.no_grad():
+        logprobs, _ = batch_logprobs(model.eval(), whole, 1.0, False)
+    state = model.state_dict()
+    return {"initial": initial, "losses": losses, "reference": reference, "logprobs": logprobs,
+            "adapters": {n: t for n, t in state.items() if "lora_" in n}, "model": model}
+
+
+@pytest.fixture(scope="module")
+def oracles(models) -> dict[str, dict]:
+    return {name: _oracle(path, lora) for name, (path, lora) in models.items()}
+
+
+def _mask():
+    return torch.cat([s["loss_mask"] for s in sequences(VOCAB)])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_three_steps_match_peft(runs, oracles, layout):
+    run, oracle = runs[layout], oracles[LAYOUTS[layout][0]]
+    initial = _own_names(run["initial"])
+    assert initial.keys() == oracle["initial"].keys()
+    for name, value in oracle["initial"].items():
+        assert torch.equal(initial[name], value), f"{name}: megatron's adapters do not start as PEFT's"
+    assert run["losses"] == pytest.approx(oracle["losses"], rel=1e-4, abs=1e-6)
+    adapters = _own_names(run["adapters"])
+    for name, value in oracle["adapters"].items():  # Adam's first steps are ~LR per element whatever the gradient's
+        # size: an element whose gradient is near rounding noise may move differently by a small part of LR
+        torch.testing.assert_close(adapters[name], value, rtol=0, atol=LR * 1e-2, msg=lambda m, n=name: f"{n}: {m}")
+    assert all(not torch.equal(adapters[n], v) for n, v in initial.items() if "lora_B" in n), "every B trained"
+    mask = _mask()
+    torch.testing.assert_close(run["logprobs"][mask], oracle["logprobs"][mask], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_base_untouched_reference_is_base_and_merge_is_pefts(runs, models, layout):
+    run, (model_path, lora) = runs[layout], models[LAYOUTS[layout][0]]
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).state_dict()
+    for name, value in base.items():
+        assert torch.equal(run["base"][name], value), f"{name}: the base weights moved"
+    with torch.no_grad():
+        want, _ = batch_logprobs(AutoModelForCausalLM.from_pretrained(model_path).eval(), pack_sequences(
+            sequences(VOCAB)), 1.0, False)
+    mask = _mask()
+    torch.testing.assert_close(run["reference"][mask], want[mask], rtol=0, atol=1e-5)
+    merged = _peft_merge(model_path, lora, run["adapters"], os.path.join(os.path.dirname(run["checkpoint"]), "adapter"))
+    for name, value in merged.items():
+        torch.testing.assert_close(run["merged"][name], value, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def _peft_merge(model_path: str, lora: dict, adapters: dict, directory: str) -> dict[str, torch.Tensor]:
+    """The adapters written as a PEFT folder, loaded by PEFT on the base model and merged into it."""
+    save_adapter(directory, adapters, lora, model_path)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_path), directory)
+    return model.merge_and_unload().state_dict()
+
+
+@pytest.mark.parametrize("layout", ["single", "tp2", "pp2-vp2", "dp2", "mixtral-ep2"])
+def test_adapter_checkpoint_resumes_exactly_and_converts(runs, models, layout):
+    from rl.backends.megatron.backend import MegatronBackend
+
+    run, (model_path, lora) = runs[layout], models[LAYOUTS[layout][0]]
+    assert run["resumed_loss"] == run["losses"][-1]
+    for name, value in run["adapters"].items():
+        assert torch.equal(run["resumed_adapters"][name], value), name
+    files = [os.path.join(root, f) for root, _, names in os.walk(run["checkpoint"]) for f in names]
+    assert os.path.join(run["checkpoint"], "adapter_config.json") in files
+    for shard in (f for f in files if f.endswith(".pt")):
+        saved = torch.load(shard, weights_only=False)["model"]
+        assert saved and all(".lora." in name for name in saved), f"{shard} holds more than adapters"
+    converted = MegatronBackend.checkpoint_weights(run["checkpoint"], model_path)
+    want = _peft_merge(model_path, lora, run["checkpointed"], os.path.join(os.path.dirname(run["checkpoint"]), "saved"))
+    assert converted.keys() == want.keys()
+    for name, value in want.items():
+        torch.testing.assert_close(converted[name], value, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
