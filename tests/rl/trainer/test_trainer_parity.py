@@ -1,5 +1,5 @@
 """The parity contract, end to end through the real launcher (Ray actors, one gloo group): every strategy, with 1 and
-2 workers, packed and padded, runs the same few steps as fsdp2 on 1 worker with packing (fp32), and ends with the
+2 workers, packed (and padded on 1), runs the same few steps as fsdp2 on 1 worker with packing (fp32), and ends with the
 same weights; so do fsdp2 and megatron with the fused chunked loss (`trainer.policy.use_fused_kernels`). Any
 backend added later joins LAYOUTS.
 
@@ -29,10 +29,11 @@ WEIGHT_ATOL = 2e-5
 ZERO3 = ("deepspeed_config.train.zero_optimization.stage=3",)
 FUSED = ("trainer.policy.use_fused_kernels=true",)
 REFERENCE = ("fsdp2", 1, True, ())
+# Padding is the batch format, the same whatever the number of workers: each strategy runs it on one worker.
 LAYOUTS = [
     (strategy, workers, packed, ())
     for strategy, workers, packed in itertools.product(("fsdp2", "fsdp", "deepspeed"), (1, 2), (True, False))
-    if (strategy, workers, packed, ()) != REFERENCE
+    if (strategy, workers, packed, ()) != REFERENCE and (packed or workers == 1)
 ] + [("deepspeed", 2, True, ZERO3), ("fsdp2", 2, True, FUSED), ("megatron", 2, True, FUSED)]
 
 
