@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from rl.backends.dist import DistInfo
 from rl.backends.hf_forward import batch_logprobs
 from rl.backends.hidden_loss import hidden_logprobs, hidden_policy_loss
+from rl.backends.ulysses import SequenceParallel, gradient_scale
 from rl.backends.weight_sync import Bucket, bucketed
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
 from rl.core.packing import PackedBatch
@@ -50,6 +51,7 @@ class ModelSpec:
     fused_kernels: bool = False  # trainer.policy.use_fused_kernels: loss and logprobs from hidden states, chunked
     fused_chunk_size: int | None = None  # trainer.policy.fused_kernel_chunk_size
     lora: dict | None = None  # trainer.policy.model.lora when rank > 0 (policy only): adapters on the base model
+    sequence_parallel_size: int = 1  # trainer.policy.sequence_parallel_size: Ulysses over groups of this many ranks
 
 
 class TrainingBackend(abc.ABC):
@@ -66,6 +68,7 @@ class TrainingBackend(abc.ABC):
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self.sp: SequenceParallel | None = None  # set by a strategy that runs Ulysses (`use_sequence_parallel`)
 
     @property
     def trainable(self) -> bool:
@@ -156,6 +159,15 @@ class TrainingBackend(abc.ABC):
                                            fused=fused)
         self.scheduler = warmup_schedule(self.optimizer, spec.lr_warmup_steps)
 
+    def use_sequence_parallel(self, model: nn.Module) -> None:
+        """Ulysses over groups of spec.sequence_parallel_size ranks for a Hugging Face `model` loaded with
+        `load_causal_lm(..., sequence_parallel=True)` (collective: creates the groups)."""
+        from rl.backends.ulysses import attach, sequence_parallel
+
+        self.sp = sequence_parallel(self.spec.sequence_parallel_size, self.dist.rank, self.dist.world_size)
+        if self.sp is not None:
+            attach(model, self.sp)
+
     def forward_module(self) -> nn.Module:
         """The module whose forward runs the wrapped model (a DeepSpeed engine, an FSDP module...)."""
         return self.model
@@ -163,8 +175,11 @@ class TrainingBackend(abc.ABC):
     # --- what the driver calls, once per data-parallel shard's micro-batches ----------------------------------
     def data_parallel_rank(self) -> DataParallelRank:
         """Where this worker sits among the data-parallel shards. Sharded data parallelism (FSDP, ZeRO): every
-        worker is its own shard and reports its own results."""
-        return DataParallelRank(size=self.dist.world_size, index=self.dist.rank, reports=True)
+        worker is its own shard and reports its own results; with sequence parallelism a group of ranks is one
+        shard and its first rank reports."""
+        size = self.sp.size if self.sp is not None else 1
+        return DataParallelRank(size=self.dist.world_size // size, index=self.dist.rank // size,
+                                reports=self.dist.rank % size == 0)
 
     def logprobs_micro_batches(self, batches: list[PackedBatch], with_entropy: bool = False) -> list[Tensor] | None:
         """Per micro-batch token logprobs of this rank's shard; None on a rank that does not report them."""
@@ -190,7 +205,7 @@ class TrainingBackend(abc.ABC):
                                                 spec.fused_chunk_size)
         else:
             logprobs, entropy = batch_logprobs(self.forward_module(), batch, spec.temperature, with_entropy,
-                                               spec.kernels)
+                                               spec.kernels, self.sp)
         return logprobs.cpu(), (entropy.cpu() if entropy is not None else None)
 
     def backward(self, loss: Tensor, last_micro_batch: bool) -> None:
@@ -209,14 +224,14 @@ class TrainingBackend(abc.ABC):
                                                spec.kernels, spec.fused_chunk_size, self.defer_tied_head_grad)
         else:
             logprobs, entropy = batch_logprobs(self.forward_module(), batch, spec.temperature,
-                                               settings.use_entropy_loss, spec.kernels)
+                                               settings.use_entropy_loss, spec.kernels, self.sp)
             loss, metrics = compute_policy_loss(
                 settings, logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, normalizer,
                 ref_logprobs=batch.ref_logprobs, entropy=entropy, seq_ids=batch.token_seq_ids(),
                 num_sequences=batch.num_sequences,
             )
         # A rank with no sequences still runs forward/backward so its collectives stay in step with the others.
-        self.backward(loss if real else loss * 0.0, last_micro_batch)
+        self.backward((loss if real else loss * 0.0) * gradient_scale(self.sp), last_micro_batch)
         out = {name: float(value) for name, value in metrics.items()} if real else {}
         out["loss"] = float(loss.detach()) / normalizer.dp_world_size if real else 0.0
         return out

@@ -36,7 +36,8 @@ class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
     def build(self) -> None:
         spec, device = self.spec, self.dist.device
         options = FSDPConfig.from_options(spec.backend_options)  # policy CPU offload is refused at config load
-        model = load_causal_lm(spec.path, device)
+        model = load_causal_lm(spec.path, device, sequence_parallel=spec.sequence_parallel_size > 1)
+        self.use_sequence_parallel(model)
         if spec.lora:
             add_lora(model, spec.lora, spec.path)
         if spec.gradient_checkpointing and self.trainable:

@@ -25,7 +25,8 @@ class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
 
     def build(self) -> None:
         spec, options = self.spec, FSDPConfig.from_options(self.spec.backend_options)
-        model = load_causal_lm(spec.path, self.dist.device)
+        model = load_causal_lm(spec.path, self.dist.device, sequence_parallel=spec.sequence_parallel_size > 1)
+        self.use_sequence_parallel(model)
         if spec.lora:
             add_lora(model, spec.lora, spec.path)
         if spec.gradient_checkpointing and self.trainable:

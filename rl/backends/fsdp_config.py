@@ -11,7 +11,7 @@ from typing import ClassVar
 from rl.core.config.checks_values import check_rules, special_or_at_least_one
 from rl.core.config.errors import Problems
 from rl.core.config.parallel import policy_world_size, ref_world_size
-from rl.core.config.strategies import StrategyConfig
+from rl.core.config.strategies import StrategyConfig, local_model_config
 
 POLICY_BLOCK = "trainer.policy.fsdp_config"
 REF_BLOCK = "trainer.ref.fsdp_config"
@@ -70,10 +70,12 @@ class FSDP2Strategy(StrategyConfig):
     nemo_priority = 1
     nemo_keys: ClassVar[dict[str, str]] = _dtensor_keys()
     lora = True
+    ulysses = True
 
     def check(self, cfg, problems: Problems) -> None:
         check_rules(cfg, problems, [special_or_at_least_one(f"{key}.fsdp_size", -1, "whole world")
                                     for key in (POLICY_BLOCK, REF_BLOCK)])
+        check_ulysses(cfg, problems)
         for model, key, world in (("policy", POLICY_BLOCK, policy_world_size(cfg)),
                                   ("ref", REF_BLOCK, ref_world_size(cfg))):
             size = cfg.blocks[key].fsdp_size
@@ -100,3 +102,26 @@ class FSDPStrategy(FSDP2Strategy):
                          "cannot be true with trainer.strategy=fsdp: FSDP1 cannot accumulate gradients outside "
                          "no_sync with CPU offload. Use trainer.strategy=fsdp2, or offload only the reference model "
                          f"({REF_BLOCK}.cpu_offload=true)")
+
+
+def check_ulysses(cfg, problems: Problems) -> None:
+    """`trainer.policy.sequence_parallel_size` > 1 against the world, the model's heads and the options Ulysses
+    does not cover."""
+    size, key = cfg.trainer.policy.sequence_parallel_size, "trainer.policy.sequence_parallel_size"
+    if size <= 1:
+        return
+    for model, world in (("policy", policy_world_size(cfg)), ("reference", ref_world_size(cfg))):
+        if world >= 1 and world % size:
+            problems.add(key, f"{size} does not divide the {model}'s {world} workers; pick a divisor")
+    if not cfg.trainer.use_sample_packing:
+        problems.add(key, f"is {size}, but Ulysses splits packed rows: set trainer.use_sample_packing=true")
+    if cfg.trainer.policy.use_fused_kernels:
+        problems.add("trainer.policy.use_fused_kernels",
+                     f"is true, but the fused loss does not run with sequence parallelism yet "
+                     f"({key}={size}); set it to false")
+    config = local_model_config(cfg.trainer.policy.model.path)
+    from rl.backends.ulysses import head_problem
+
+    problem = head_problem(config, size) if config is not None else None
+    if problem:
+        problems.add(key, f"{problem} ({cfg.trainer.policy.model.path}/config.json)")

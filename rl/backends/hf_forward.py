@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from rl.backends.logits import token_logprobs_and_entropy
 from rl.backends.tied_grad import shared_tied_grad
+from rl.backends.ulysses import SequenceParallel, sum_over_group
 from rl.backends.varlen_attention import packing_kwargs
 from rl.core.packing import PackedBatch
 
@@ -32,11 +33,14 @@ class ScoredLogits:
     targets_at: Tensor  # [M] long: flat positions (in the batch) of the predicted tokens
 
 
-def scored_inputs(batch: PackedBatch) -> tuple[dict, Tensor]:
+def scored_inputs(batch: PackedBatch, sp: SequenceParallel | None = None) -> tuple[dict, Tensor]:
     """(model kwargs, targets_at): the whole batch in, the LM head over the positions before each loss-mask token.
     Packed: those flat positions. Padded: the columns that precede a loss token in any row (a column's logits are
-    computed for every row, so rows with shorter prompts pay for a few extra positions)."""
+    computed for every row, so rows with shorter prompts pay for a few extra positions). With sequence parallelism
+    this rank's slice of the packed row goes in (`rl.backends.ulysses`), its own scored positions out."""
     predicts = batch.loss_mask.roll(-1, dims=0)  # position t predicts token t + 1; slot starts are never loss tokens
+    if sp is not None:
+        return _slice_inputs(batch, predicts.nonzero().squeeze(-1), sp)
     if batch.padded:
         columns = batch.as_padded(predicts).any(0).nonzero().squeeze(-1)
         rows = torch.arange(batch.num_sequences, device=columns.device)[:, None] * batch.padded_length
@@ -49,9 +53,28 @@ def scored_inputs(batch: PackedBatch) -> tuple[dict, Tensor]:
     return kwargs, positions + 1
 
 
-def scored_logits(model: nn.Module, batch: PackedBatch) -> ScoredLogits:
+def _slice_inputs(batch: PackedBatch, positions: Tensor, sp: SequenceParallel) -> tuple[dict, Tensor]:
+    """This rank's contiguous slice of the packed row, padded to a multiple of the group size with one more
+    sequence of pad tokens; the boundaries (`cu_seqlens`) stay those of the whole row, for attention."""
+    if batch.padded:
+        raise ValueError("trainer.policy.sequence_parallel_size > 1 needs packed batches (trainer.use_sample_packing)")
+    length = -(-batch.num_tokens // sp.size) * sp.size
+    pad = length - batch.num_tokens
+    ids = torch.cat([batch.input_ids, batch.input_ids.new_zeros(pad)])
+    position_ids = torch.cat([batch.position_ids, torch.arange(pad, device=batch.position_ids.device)])
+    cu_seqlens = batch.cu_seqlens
+    if pad:
+        cu_seqlens = torch.cat([cu_seqlens, cu_seqlens.new_tensor([length])])
+    start, end = sp.slice(length)
+    mine = positions[(positions >= start) & (positions < end)]
+    kwargs = dict(input_ids=ids[None, start:end], position_ids=position_ids[None, start:end], use_cache=False,
+                  logits_to_keep=mine - start, **packing_kwargs(cu_seqlens))
+    return kwargs, mine + 1
+
+
+def scored_logits(model: nn.Module, batch: PackedBatch, sp: SequenceParallel | None = None) -> ScoredLogits:
     """The logits of the positions that predict loss tokens (see `scored_inputs`)."""
-    kwargs, targets_at = scored_inputs(batch)
+    kwargs, targets_at = scored_inputs(batch, sp)
     logits = model(**kwargs).logits
     return ScoredLogits(logits.reshape(-1, logits.shape[-1]), targets_at)
 
@@ -99,18 +122,20 @@ def head_call(model: nn.Module, batch: PackedBatch, fn, defer_head_grad: bool = 
 
 
 def batch_logprobs(model: nn.Module, batch: PackedBatch, temperature: float, with_entropy: bool,
-                   kernels: str = "auto") -> tuple[Tensor, Tensor | None]:
+                   kernels: str = "auto", sp: SequenceParallel | None = None) -> tuple[Tensor, Tensor | None]:
     """(logprobs [N], entropy [N] or None), both aligned with the target token like the batch's loss_mask and
     computed where the loss mask is set (0 elsewhere, in padded batches on some more positions).
-    `kernels` is trainer.kernels: which implementation of the token-logprob op runs (see rl.kernels.ops)."""
+    `kernels` is trainer.kernels: which implementation of the token-logprob op runs (see rl.kernels.ops).
+    With sequence parallelism every rank of the group gets the whole micro-batch's values."""
     if batch.num_tokens == 0:
         empty = batch.input_ids.new_zeros(0, dtype=next(model.parameters()).dtype)
         return empty.float(), (empty.float() if with_entropy else None)
-    scored = scored_logits(model, batch)
+    scored = scored_logits(model, batch, sp)
     logprobs, entropy = token_logprobs_and_entropy(scored.logits, batch.input_ids[scored.targets_at], temperature,
                                                    kernels, with_entropy)
 
     def spread(values: Tensor) -> Tensor:
-        return values.new_zeros(batch.num_tokens).index_put((scored.targets_at,), values)
+        whole = values.new_zeros(batch.num_tokens).index_put((scored.targets_at,), values)
+        return whole if sp is None else sum_over_group(whole, sp)
 
     return spread(logprobs), (spread(entropy) if with_entropy else None)

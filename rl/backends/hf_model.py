@@ -9,23 +9,33 @@ import torch
 from torch import Tensor, nn
 
 
-def attention_implementation(device: torch.device) -> str:
+def attention_implementation(device: torch.device, sequence_parallel: bool = False) -> str:
     """flash_attention_2 on GPU when installed, else PyTorch sdpa with per-sequence attention for packed rows
-    (`rl.backends.varlen_attention`); both take a packed row's boundaries from the flash-attention packing kwargs."""
+    (`rl.backends.varlen_attention`); both take a packed row's boundaries from the flash-attention packing kwargs.
+    With `sequence_parallel` the same inside Ulysses' all-to-alls."""
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    from rl.backends import varlen_attention
+        name = "flash_attention_2"
+    else:
+        from rl.backends import varlen_attention
 
-    return varlen_attention.register()
+        name = varlen_attention.register()
+    if sequence_parallel:
+        from rl.backends import ulysses
+
+        return ulysses.register(name)
+    return name
 
 
-def load_causal_lm(path: str, device: torch.device) -> nn.Module:
+def load_causal_lm(path: str, device: torch.device, sequence_parallel: bool = False) -> nn.Module:
+    """An HF causal LM in fp32 on `device`; with `sequence_parallel` its attention runs through Ulysses
+    (`rl.backends.ulysses`, inactive until the backend attaches a group)."""
     from transformers import AutoModelForCausalLM
 
     if not os.path.isdir(os.path.expanduser(path)) and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise FileNotFoundError(f"trainer.policy.model.path: no model directory at '{path}' (hub access is off)")
     model = AutoModelForCausalLM.from_pretrained(
-        os.path.expanduser(path), dtype=torch.float32, attn_implementation=attention_implementation(device)
+        os.path.expanduser(path), dtype=torch.float32, attn_implementation=attention_implementation(device,
+                                                                                                  sequence_parallel)
     )
     model.config.use_cache = False
     return model.to(device)

@@ -79,7 +79,8 @@ def model_specs(cfg, model_path: str) -> tuple[ModelSpec, ModelSpec | None]:
     trainer, opt, strategy = cfg.trainer, cfg.trainer.policy.optimizer_config, STRATEGIES.get(cfg.trainer.strategy)
     common = {"path": model_path, "temperature": cfg.generator.temperature, "kernels": trainer.kernels,
               "fused_kernels": trainer.policy.use_fused_kernels,
-              "fused_chunk_size": trainer.policy.fused_kernel_chunk_size}
+              "fused_chunk_size": trainer.policy.fused_kernel_chunk_size,
+              "sequence_parallel_size": trainer.policy.sequence_parallel_size}
     lora = trainer.policy.model.lora
     policy = ModelSpec(
         role="policy", gradient_checkpointing=trainer.gradient_checkpointing, lr=opt.lr,

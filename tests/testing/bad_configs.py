@@ -158,7 +158,17 @@ BAD = {
     "ulysses_not_dividing_world": Bad(
         [*WORLD_4, "trainer.policy.sequence_parallel_size=3"],
         "trainer.policy.sequence_parallel_size",
-        ("does not implement Ulysses sequence parallelism yet",),
+        ("3 does not divide the policy's 4 workers",),
+    ),
+    "ulysses_padded": Bad(
+        [*WORLD_4, "trainer.policy.sequence_parallel_size=2", "trainer.use_sample_packing=false"],
+        "trainer.policy.sequence_parallel_size",
+        ("set trainer.use_sample_packing=true",),
+    ),
+    "ulysses_fused_loss": Bad(
+        [*WORLD_4, "trainer.policy.sequence_parallel_size=2", "trainer.policy.use_fused_kernels=true"],
+        "trainer.policy.use_fused_kernels",
+        ("does not run with sequence parallelism",),
     ),
     "fsdp1_policy_offload": Bad(
         ["trainer.strategy=fsdp", "trainer.policy.fsdp_config.cpu_offload=true"],
@@ -224,10 +234,10 @@ BAD = {
     "gae_without_critic": Bad(
         ["trainer.algorithm.advantage_estimator=gae"], "trainer.algorithm.advantage_estimator", ("critic", "grpo")
     ),
-    "ulysses": Bad(
-        [*WORLD_4, "trainer.policy.sequence_parallel_size=2", "trainer.micro_train_batch_size_per_gpu=2"],
+    "ulysses_under_deepspeed": Bad(
+        [*WORLD_4, "trainer.strategy=deepspeed", "trainer.policy.sequence_parallel_size=2"],
         "trainer.policy.sequence_parallel_size",
-        ("does not implement Ulysses", "set it to 1"),
+        ("does not implement Ulysses", "trainer.strategy=fsdp or fsdp2", "set it to 1"),
     ),
     "separate_reference_devices": Bad(
         ["trainer.placement.colocate_all=false", "trainer.placement.policy_num_gpus_per_node=2",

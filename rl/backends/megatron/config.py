@@ -9,16 +9,13 @@ world / (TP * EP * PP). Both must be whole numbers (megatron-core's rule).
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import types
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from rl.core.config.checks_values import at_least, check_rules, one_of, optional
 from rl.core.config.errors import Problems
 from rl.core.config.parallel import policy_world_size
-from rl.core.config.strategies import StrategyConfig
+from rl.core.config.strategies import StrategyConfig, local_model_config
 
 BLOCK = "trainer.policy.megatron_config"
 RECOMPUTE_GRANULARITIES = ("full", "selective")
@@ -126,18 +123,6 @@ def model_problems(model, tp: int, pp: int, ep: int, vp: int = 1) -> list[tuple[
     return found
 
 
-def _local_model_config(path: str):
-    """The config.json of a local model directory as attributes, or None (a hub name, the embedded model)."""
-    file = os.path.join(os.path.expanduser(path), "config.json")
-    if not os.path.isfile(file):
-        return None
-    try:
-        with open(file, encoding="utf-8") as f:
-            return types.SimpleNamespace(**json.load(f))
-    except (OSError, ValueError):
-        return None  # the model loader reports an unreadable config
-
-
 def kwargs_problems(kwargs: dict[str, Any], own_keys: set[str] = frozenset()) -> list[tuple[str, str]]:
     """`transformer_config_kwargs` checked against megatron-core's own TransformerConfig: every key must be one of
     its fields and not one the block sets itself (`own_keys`), and `recompute_modules` must be values its
@@ -194,7 +179,7 @@ class MegatronStrategy(StrategyConfig):
         if len(problems.lines) == before and world >= 1:
             for key, problem in layout_problems(world, *sizes, block.sequence_parallel, vp):
                 problems.add(key, problem)
-            model = _local_model_config(cfg.trainer.policy.model.path)
+            model = local_model_config(cfg.trainer.policy.model.path)
             for key, problem in model_problems(model, *sizes, vp) if model is not None else ():
                 problems.add(key, f"{problem} ({cfg.trainer.policy.model.path}/config.json); pick a divisor")
         for key, problem in kwargs_problems(block.transformer_config_kwargs, set(dataclasses.asdict(block))):

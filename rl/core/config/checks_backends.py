@@ -2,8 +2,8 @@
 
 A knob of a strategy that is not selected would silently do nothing, so it is an error: a value that differs from
 its block's default in a block the selected strategy does not own. Then the selected strategy checks its own blocks
-and refuses what it does not implement (`StrategyConfig.check`), and a Ulysses `sequence_parallel_size` > 1 is
-refused with the strategy's hint (no backend implements Ulysses yet).
+and refuses what it does not implement (`StrategyConfig.check`); a Ulysses `sequence_parallel_size` > 1 under a
+strategy without it is refused with the strategy's hint.
 """
 
 from __future__ import annotations
@@ -39,11 +39,13 @@ def check_strategy(cfg: Config, problems: Problems) -> None:
             if value != getattr(defaults, field.name):
                 _misplaced(problems, f"{key}.{field.name}", value, " or ".join(strategies.owners(key)), strategy)
     size = cfg.trainer.policy.sequence_parallel_size
-    if size > 1:
+    if size > 1 and not strategy.ulysses:
+        with_ulysses = [name for name in strategies.STRATEGIES if strategies.STRATEGIES.get(name).ulysses]
         problems.add(
             "trainer.policy.sequence_parallel_size",
-            f"is {size}, but the {strategy.name} backend does not implement Ulysses sequence parallelism yet (every "
-            f"rank would train whole sequences); set it to 1{strategy.ulysses_hint}",
+            f"is {size}, but the {strategy.name} backend does not implement Ulysses sequence parallelism (every "
+            f"rank would train whole sequences); use trainer.strategy={' or '.join(with_ulysses)}, or set it to "
+            f"1{strategy.ulysses_hint}",
         )
     lora = cfg.trainer.policy.model.lora
     if lora.rank > 0 and not strategy.lora:

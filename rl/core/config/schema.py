@@ -86,9 +86,9 @@ class PolicyConfig:
     """Optimizer and learning-rate schedule."""
 
     sequence_parallel_size: int
-    """Ulysses sequence-parallel size (SkyRL's key): each sequence split over this many ranks, data-parallel size
-    world / sequence_parallel_size. Only 1 is accepted for now: no backend implements Ulysses yet. With `megatron`
-    use `megatron_config.sequence_parallel`."""
+    """Ulysses sequence-parallel size (SkyRL's key): each packed micro-batch split over this many ranks (fsdp and
+    fsdp2), data-parallel size world / sequence_parallel_size; the reference model uses the same groups. With
+    `megatron` use `megatron_config.sequence_parallel`."""
 
     use_fused_kernels: bool
     """veRL's `use_fused_kernels`: the policy loss (and the policy's and reference's logprob passes) go from the

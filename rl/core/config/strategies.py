@@ -11,6 +11,9 @@ the NeMo key mapping read only this registry, so nothing in `rl/core` names a st
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import types
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -37,8 +40,10 @@ class StrategyConfig:
     """NeMo RL key -> the key it sets here."""
     lora: ClassVar[bool] = False
     """Whether its backend trains LoRA adapters (`trainer.policy.model.lora`)."""
+    ulysses: ClassVar[bool] = False
+    """Whether its backend runs Ulysses sequence parallelism (`trainer.policy.sequence_parallel_size` > 1)."""
     ulysses_hint: ClassVar[str] = ""
-    """What to set instead of `trainer.policy.sequence_parallel_size` > 1 (no backend implements Ulysses yet)."""
+    """What to set instead of `trainer.policy.sequence_parallel_size` > 1 where it does not."""
 
     def check(self, cfg: Config, problems: Problems) -> None:
         """Problems of this strategy's blocks and of options it does not implement, each naming its key."""
@@ -108,3 +113,16 @@ def require_strategies() -> None:
     """Loading a config needs the strategies: say how to register them instead of refusing every strategy."""
     if not STRATEGIES.names():
         raise RuntimeError("no training strategy is registered: import rl.backends.registry before loading a config")
+
+
+def local_model_config(path: str):
+    """The config.json of a local model directory as attributes, or None (a hub name, the embedded model), for
+    checks of a model's shape against a strategy's sizes before anything loads."""
+    file = os.path.join(os.path.expanduser(path), "config.json")
+    if not os.path.isfile(file):
+        return None
+    try:
+        with open(file, encoding="utf-8") as f:
+            return types.SimpleNamespace(**json.load(f))
+    except (OSError, ValueError):
+        return None  # the model loader reports an unreadable config
