@@ -120,8 +120,15 @@ def check_ulysses(cfg, problems: Problems) -> None:
                      f"is true, but the fused loss does not run with sequence parallelism yet "
                      f"({key}={size}); set it to false")
     config = local_model_config(cfg.trainer.policy.model.path)
-    from rl.backends.ulysses import head_problem
-
     problem = head_problem(config, size) if config is not None else None
     if problem:
         problems.add(key, f"{problem} ({cfg.trainer.policy.model.path}/config.json)")
+
+
+def head_problem(config, size: int) -> str | None:
+    """Why a model with this config cannot be split over `size` Ulysses ranks (None: it can)."""
+    heads = config.num_attention_heads
+    if heads % size:
+        return (f"{size} does not divide the model's {heads} attention heads (Ulysses splits them over the group); "
+                "pick a divisor")
+    return None

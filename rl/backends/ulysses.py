@@ -127,6 +127,7 @@ def register(inner: str) -> str:
 
 def attach(model: nn.Module, sp: SequenceParallel) -> None:
     """Points every attention module of `model` at the group (what `attention` reads) and checks the head count."""
+    from rl.backends.fsdp_config import head_problem
     from rl.backends.mesh import decoder_layers
 
     problem = head_problem(model.config, sp.size)
@@ -141,11 +142,3 @@ def gradient_scale(sp: SequenceParallel | None) -> int:
     ranks of a group computed parts of one gradient, which add up."""
     return sp.size if sp is not None else 1
 
-
-def head_problem(config, size: int) -> str | None:
-    """Why a model with this config cannot be split over `size` ranks (None: it can)."""
-    heads = config.num_attention_heads
-    if heads % size:
-        return (f"{size} does not divide the model's {heads} attention heads (Ulysses splits them over the group); "
-                "pick a divisor")
-    return None
