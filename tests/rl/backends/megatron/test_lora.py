@@ -1,8 +1,9 @@
-"""LoRA on the megatron backend under TP=2 (with and without sequence parallelism), PP=2 (and VP=2), DP=2, on one
-rank, and on Mixtral's attention under EP=2, against transformers + PEFT as the oracle: the adapters start as PEFT's,
-three steps give PEFT's losses and adapter weights, base weights stay bit-identical, the reference (adapters off) is
-the base model, merged weights are PEFT's merge, the adapters gathered from the TP/PP shards load in `PeftModel`,
-and a checkpoint of the adapters alone resumes exactly and converts (merged) to HF weights."""
+"""LoRA on the megatron backend under TP=2 (with and without sequence parallelism, with the optimizer offloaded),
+PP=2 (and VP=2), DP=2, on one rank, and on Mixtral's attention under EP=2, against transformers + PEFT as the
+oracle: the adapters start as PEFT's, three steps give PEFT's losses and adapter weights, base weights stay
+bit-identical, the reference (adapters off) is the base model, merged weights are PEFT's merge, the adapters
+gathered from the TP/PP shards load in `PeftModel`, and a checkpoint of the adapters alone resumes exactly and
+converts (merged) to HF weights."""
 
 import os
 
@@ -35,6 +36,7 @@ LAYOUTS = {"single": ("qwen", {}),
            "pp2": ("qwen", {"pipeline_model_parallel_size": 2}),
            "pp2-vp2": ("qwen", {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2}),
            "dp2": ("qwen", {}),
+           "tp2-optimizer-offload": ("qwen", {"tensor_model_parallel_size": 2, "optimizer_cpu_offload": True}),
            "mixtral-ep2": ("mixtral", {"expert_model_parallel_size": 2})}
 
 
@@ -215,7 +217,7 @@ def _peft_merge(model_path: str, lora: dict, adapters: dict, directory: str) -> 
     return model.merge_and_unload().state_dict()
 
 
-@pytest.mark.parametrize("layout", ["single", "tp2", "pp2-vp2", "dp2", "mixtral-ep2"])
+@pytest.mark.parametrize("layout", ["single", "tp2", "pp2-vp2", "dp2", "mixtral-ep2", "tp2-optimizer-offload"])
 def test_adapter_checkpoint_resumes_exactly_and_converts(runs, models, layout):
     from rl.backends.megatron.backend import MegatronBackend
 
