@@ -3,6 +3,8 @@
 megatron-core's local `DotProductAttention` rejects `PackedSeqParams` (only Transformer Engine's supports THD), so
 the local spec gets this module instead: causal attention within each `cu_seqlens` segment, computed with PyTorch
 SDPA (flash/efficient kernels on GPU, the math kernel on CPU). Grouped-query attention is expanded per partition.
+With context parallelism the queries are this rank's slice of the row and the keys and values the whole row's
+(context_parallel.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
+
+from rl.backends.megatron.context_parallel import gather_rows, query_key_mask
 
 
 def segment_causal_mask(cu_seqlens: Tensor, total: int) -> Tensor:
@@ -30,7 +34,8 @@ class PackedDotProductAttention(MegatronModule):
                  cp_comm_type: str | None = None, pg_collection=None):
         super().__init__(config=config)
         if config.context_parallel_size != 1:
-            raise ValueError("context parallelism needs Transformer Engine attention; keep context_parallel_size=1")
+            raise ValueError("megatron-core's context parallelism needs Transformer Engine attention; use "
+                             "trainer.policy.megatron_config.context_parallel_size (context_parallel.py) instead")
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         self.softmax_scale = softmax_scale
 
@@ -43,10 +48,13 @@ class PackedDotProductAttention(MegatronModule):
         cu = packed_seq_params.cu_seqlens_q if cu is None else cu
         total, heads = query.shape[0], query.shape[1]
         groups = key.shape[1]
+        row = getattr(packed_seq_params, "row", None)  # context parallelism: this rank holds a slice of the row
+        if row is not None:
+            key, value = gather_rows(key, row.group), gather_rows(value, row.group)
         if heads != groups:
             key = key.repeat_interleave(heads // groups, dim=1)
             value = value.repeat_interleave(heads // groups, dim=1)
-        mask = segment_causal_mask(cu, total)
+        mask = query_key_mask(row, total) if row is not None else segment_causal_mask(cu, total)
         # [T, h, d] -> [1, h, T, d]
         q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,

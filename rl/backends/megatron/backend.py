@@ -27,10 +27,12 @@ from rl.backends.megatron import batches as B
 from rl.backends.megatron import checkpoint as ckpt
 from rl.backends.megatron import optimizer as mopt
 from rl.backends.megatron.config import MegatronConfig
+from rl.backends.megatron.context_parallel import context_parallel, local_inputs, positional_rotary, whole_row
 from rl.backends.megatron.cpu_compat import cpu_compat
 from rl.backends.megatron.fused import fused_policy_loss, output_layer_yields_hidden
 from rl.backends.megatron.logprobs import vocab_parallel_logprobs
 from rl.backends.megatron.parallel import current_layout, init_parallel_state
+from rl.backends.ulysses import gradient_scale
 from rl.backends.weight_sync import Bucket, rank0_buckets
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
 from rl.core.packing import PackedBatch
@@ -59,6 +61,12 @@ class MegatronBackend(TrainingBackend):
         # One model chunk per virtual pipeline stage (VP of them with the interleaved schedule; one otherwise).
         self.chunks = [build_gpt_model(self.hf_config, config, self.layout, k) for k in range(self.layout.vp)]
         self.model = self.chunks[0] if len(self.chunks) == 1 else torch.nn.ModuleList(self.chunks)
+        self.cp = context_parallel(opts.context_parallel_size)
+        if self.cp is not None:
+            if self.spec.fused_kernels:
+                raise ValueError("trainer.policy.use_fused_kernels does not run with context parallelism yet")
+            for chunk in self.chunks:
+                positional_rotary(chunk)
         weights, adapters = self._hf_weights()
         self.adapters: list = []
         for chunk, layout in zip(self.chunks, self.layout.chunks(), strict=True):
@@ -111,9 +119,18 @@ class MegatronBackend(TrainingBackend):
         return self.layout.tp_rank * self.chunks[0].vocab_size // self.layout.tp
 
     def _token_logprobs(self, logits: Tensor, batch: PackedBatch, with_entropy: bool):
-        n = batch.num_tokens
-        lp, ent = vocab_parallel_logprobs(logits[0, :n], batch.prediction_targets(), self._vocab_start(),
-                                          self.hf_config.vocab_size, self.spec.temperature, with_entropy)
+        n, targets = batch.num_tokens, batch.prediction_targets()
+        if self.cp is None:
+            lp, ent = vocab_parallel_logprobs(logits[0, :n], targets, self._vocab_start(), self.hf_config.vocab_size,
+                                              self.spec.temperature, with_entropy)
+        else:  # this rank's slice of the row scored, the whole row assembled over the CP group
+            local = logits.shape[1]
+            start, length = self.cp.rank * local, local * self.cp.size
+            mine = torch.nn.functional.pad(targets, (0, length - n))[start:start + local]
+            lp, ent = vocab_parallel_logprobs(logits[0], mine, self._vocab_start(), self.hf_config.vocab_size,
+                                              self.spec.temperature, with_entropy)
+            lp = whole_row(lp, start, length, self.cp)[:n]
+            ent = whole_row(ent, start, length, self.cp)[:n] if ent is not None else None
         return PackedBatch.align_to_targets(lp), (PackedBatch.align_to_targets(ent) if ent is not None else None)
 
     def _micro_batches(self, batches: list[PackedBatch]) -> tuple[list[PackedBatch], list[bool]]:
@@ -131,10 +148,13 @@ class MegatronBackend(TrainingBackend):
         Returns its results on the last stage."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        lengths = B.padded_lengths(batches, B.pad_multiple(self.layout.tp, self.options.sequence_parallel),
+        cp = self.cp.size if self.cp is not None else 1
+        lengths = B.padded_lengths(batches, B.pad_multiple(self.layout.tp, self.options.sequence_parallel) * cp,
                                    same=self.layout.pp > 1)
         inputs = [B.thd_inputs(batch, length, self.dist.device) for batch, length in zip(batches, lengths,
                                                                                            strict=True)]
+        if self.cp is not None:
+            inputs = [local_inputs(*whole, self.cp) for whole in inputs]
 
         def forward_step(data_iterator, model):
             i = next(data_iterator)
@@ -147,15 +167,19 @@ class MegatronBackend(TrainingBackend):
         with cpu_compat(self.dist.device):
             return get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=order if len(chunks) > 1 else order[0], model=chunks,
-                num_microbatches=len(batches), seq_length=max(lengths), micro_batch_size=1,
+                num_microbatches=len(batches), seq_length=max(lengths) // cp, micro_batch_size=1,
                 forward_only=forward_only)
 
     def data_parallel_rank(self) -> DataParallelRank:
-        """TP x PP ranks share one data-parallel shard; its last pipeline stage's first TP rank reports."""
+        """TP x PP (x CP) ranks share one data-parallel shard; its last pipeline stage's first TP (and CP) rank
+        reports."""
         from megatron.core import parallel_state as ps
 
-        return DataParallelRank(size=ps.get_data_parallel_world_size(), index=ps.get_data_parallel_rank(),
-                                reports=ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0)
+        cp = self.cp.size if self.cp is not None else 1
+        first_of_cp = self.cp is None or self.cp.rank == 0
+        return DataParallelRank(size=ps.get_data_parallel_world_size() // cp, index=ps.get_data_parallel_rank() // cp,
+                                reports=ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
+                                and first_of_cp)
 
     @torch.no_grad()
     def _forward_only(self, batches: list[PackedBatch], with_entropy: bool) -> list[dict] | None:
@@ -202,8 +226,9 @@ class MegatronBackend(TrainingBackend):
             report["loss"] = float(loss.detach()) / normalizer.dp_world_size if real[i] else 0.0
             # The loss is already this micro-batch's share of the mini-batch loss (normalised by the plan over every
             # shard); the schedule divides each micro-batch's loss by their number, which this undoes. Megatron's
-            # DDP averages the gradients over the normalizer's dp_world_size shards, which the loss undoes.
-            return loss * (len(batches) if real[i] else 0.0), report
+            # DDP averages the gradients over the normalizer's dp_world_size shards, which the loss undoes; the CP
+            # ranks, which megatron counts as data-parallel ones, computed parts of one gradient.
+            return loss * (len(batches) * gradient_scale(self.cp) if real[i] else 0.0), report
 
         with output_layer_yields_hidden(self.chunks[-1], seen) if fused else contextlib.nullcontext():
             out = self._schedule(batches, loss_func, forward_only=False)

@@ -55,6 +55,11 @@ class MegatronConfig:
     sequence_parallel: bool = False
     """Megatron sequence parallelism: shard layer-norm and dropout activations over the TP group. Needs TP > 1."""
 
+    context_parallel_size: int = 1
+    """Context parallelism (CP): each packed micro-batch split over this many ranks of the data-parallel group, a
+    contiguous slice each, keys and values all-gathered for attention (context_parallel.py); the data-parallel
+    size becomes world / (TP * PP * CP). Not with trainer.policy.use_fused_kernels."""
+
     recompute_granularity: str | None = None
     """Activation recomputation: `null` (none, or `full` when trainer.gradient_checkpointing is true), `full`
     (whole layers) or `selective` (attention core only)."""
@@ -78,10 +83,14 @@ class MegatronConfig:
         return cls(**(options or {}))
 
 
-def layout_problems(world: int, tp: int, pp: int, ep: int, sequence_parallel: bool, vp: int = 1
+def layout_problems(world: int, tp: int, pp: int, ep: int, sequence_parallel: bool, vp: int = 1, cp: int = 1
                     ) -> list[tuple[str, str]]:
     """(key, problem) for each of megatron-core's layout rules the sizes break."""
     found = []
+    if cp > 1 and world % (tp * pp) == 0 and (world // (tp * pp)) % cp:
+        found.append((f"{BLOCK}.context_parallel_size",
+                      f"{cp} must divide the data-parallel size {world // (tp * pp)} (world {world} / (TP {tp} * PP "
+                      f"{pp})): CP splits a data-parallel shard's micro-batches. Change CP or the placement"))
     if vp > 1 and pp == 1:
         found.append((f"{BLOCK}.virtual_pipeline_model_parallel_size",
                       f"is {vp}, but the interleaved schedule needs pipeline_model_parallel_size > 1; set it to "
@@ -161,6 +170,7 @@ class MegatronStrategy(StrategyConfig):
             "tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
             "sequence_parallel")},
         "policy.megatron_cfg.virtual_pipeline_model_parallel_size": f"{BLOCK}.virtual_pipeline_model_parallel_size",
+        "policy.megatron_cfg.context_parallel_size": f"{BLOCK}.context_parallel_size",
         "policy.megatron_cfg.optimizer.optimizer_cpu_offload": f"{BLOCK}.optimizer_cpu_offload",
     }
     ulysses_hint = f", and use {BLOCK}.sequence_parallel=true with TP > 1 for megatron's own sequence parallelism"
@@ -170,6 +180,7 @@ class MegatronStrategy(StrategyConfig):
         before = len(problems.lines)
         check_rules(cfg, problems, [
             *(at_least(f"{BLOCK}.{name}_model_parallel_size", 1) for name in ("tensor", "pipeline", "expert")),
+            at_least(f"{BLOCK}.context_parallel_size", 1),
             optional(at_least(f"{BLOCK}.virtual_pipeline_model_parallel_size", 1)),
             optional(one_of(f"{BLOCK}.recompute_granularity", RECOMPUTE_GRANULARITIES)),
         ])
@@ -177,13 +188,18 @@ class MegatronStrategy(StrategyConfig):
         sizes = (block.tensor_model_parallel_size, block.pipeline_model_parallel_size, block.expert_model_parallel_size)
         vp = block.virtual_pipeline_size()
         if len(problems.lines) == before and world >= 1:
-            for key, problem in layout_problems(world, *sizes, block.sequence_parallel, vp):
+            for key, problem in layout_problems(world, *sizes, block.sequence_parallel, vp,
+                                                block.context_parallel_size):
                 problems.add(key, problem)
             model = local_model_config(cfg.trainer.policy.model.path)
             for key, problem in model_problems(model, *sizes, vp) if model is not None else ():
                 problems.add(key, f"{problem} ({cfg.trainer.policy.model.path}/config.json); pick a divisor")
         for key, problem in kwargs_problems(block.transformer_config_kwargs, set(dataclasses.asdict(block))):
             problems.add(key, problem)
+        if block.context_parallel_size > 1 and cfg.trainer.policy.use_fused_kernels:
+            problems.add("trainer.policy.use_fused_kernels",
+                         f"is true, but the fused loss does not run with context parallelism yet "
+                         f"({BLOCK}.context_parallel_size={block.context_parallel_size}); set it to false")
         lora = cfg.trainer.policy.model.lora
         if lora.rank > 0 and lora.dropout > 0:
             problems.add("trainer.policy.model.lora.dropout",
@@ -196,8 +212,8 @@ class MegatronStrategy(StrategyConfig):
 
     def model_parallel_size(self, cfg) -> tuple[int, str]:
         block = cfg.blocks[BLOCK]
-        tp, pp = block.tensor_model_parallel_size, block.pipeline_model_parallel_size
-        return tp * pp, f"TP {tp} * PP {pp}"
+        tp, pp, cp = block.tensor_model_parallel_size, block.pipeline_model_parallel_size, block.context_parallel_size
+        return tp * pp * cp, f"TP {tp} * PP {pp}" + (f" * CP {cp}" if cp > 1 else "")
 
     def backend_options(self, cfg, role: str) -> dict:
         return dataclasses.asdict(cfg.blocks[BLOCK])  # policy and reference share the layout
