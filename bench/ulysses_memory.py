@@ -1,14 +1,15 @@
-"""Ulysses sequence parallelism: peak memory per rank of one training micro-batch holding one long sequence, SP=1
-(one process) against SP=2 (two processes, one group), through the real training path (fsdp2,
-`TrainingBackend.forward_backward`), in one run.
+"""Sequence splitting, peak memory per rank of one training micro-batch holding one long sequence, in one run:
+Ulysses SP=1 (one process) against SP=2 (two processes, one group) through fsdp2, and megatron's context
+parallelism CP=1 against CP=2, each through the real training path (`forward_backward` / `train_micro_batches`).
 
-    PYTHONPATH=. python -m bench.ulysses_memory [--tokens 16384] [--strategy fsdp2] [--checkpointing]
+    PYTHONPATH=. python -m bench.ulysses_memory [--tokens 16384] [--megatron-tokens 8192] [--checkpointing]
 
 The model is a random Qwen2 (hidden 512, 4 layers, 8 heads, 4 KV heads, MLP 1536, vocabulary 32,000), fp32; all but
-the first 512 tokens (the prompt) are in the loss. Peak = growth of each rank's peak resident set (VmHWM, reset through
-/proc/self/clear_refs once model and batch exist) over one forward and backward, with glibc's mmap threshold fixed
-at 128 KiB so freed tensors leave the resident set: activations, logits and the (sharded) gradients. Megatron's
-context parallelism is not part of it (not built).
+the first 512 tokens (the prompt) are in the loss. Megatron's packed attention on CPU is SDPA's math kernel with a
+[T, T] mask (it materializes [heads, T, T] scores), so its sequence is shorter. Peak = growth of each rank's peak
+resident set (VmHWM, reset through /proc/self/clear_refs once model and batch exist) over one forward and backward,
+with glibc's mmap threshold fixed at 128 KiB so freed tensors leave the resident set: activations, logits and the
+(sharded) gradients.
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ def _rank(rank: int, args) -> None:
 
     torch.set_num_threads(1)
     info = init_distributed(rank, args.sp, "127.0.0.1", args.port)
+    megatron = args.strategy == "megatron"
     spec = ModelSpec(path=args.model, role="policy", temperature=1.0, lr=1e-5,
-                     gradient_checkpointing=args.checkpointing, sequence_parallel_size=args.sp)
+                     gradient_checkpointing=args.checkpointing, sequence_parallel_size=1 if megatron else args.sp,
+                     backend_options={"context_parallel_size": args.sp} if megatron else None)
     backend = build_backend(args.strategy, spec, info)
     g = torch.Generator().manual_seed(0)
     n = args.tokens
@@ -62,17 +65,20 @@ def _rank(rank: int, args) -> None:
         f.write("5")
     base = status_kib("VmRSS")
     start = time.perf_counter()
-    loss = backend.forward_backward(batch, settings, normalizer)["loss"]
+    metrics = backend.train_micro_batches([batch], settings, normalizer)
     seconds = time.perf_counter() - start
+    losses: list = [None] * args.sp
+    torch.distributed.all_gather_object(losses, metrics["loss"] if metrics else None)
+    loss = next(value for value in losses if value is not None)
     peaks: list = [None] * args.sp
     torch.distributed.all_gather_object(peaks, (status_kib("VmHWM") - base) / 1024)
     if rank == 0:
         print(json.dumps({"peak_mib": max(peaks), "seconds": seconds, "loss": loss}))
 
 
-def _child(args, sp: int, model: str) -> dict:
+def _child(args, strategy: str, tokens: int, sp: int, model: str) -> dict:
     cmd = [sys.executable, "-m", "bench.ulysses_memory", "--child", "--model", model, "--sp", str(sp),
-           "--port", str(free_port()), "--tokens", str(args.tokens), "--strategy", args.strategy] + \
+           "--port", str(free_port()), "--tokens", str(tokens), "--strategy", strategy] + \
         (["--checkpointing"] if args.checkpointing else [])
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
@@ -83,10 +89,11 @@ def _child(args, sp: int, model: str) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=16384)
-    parser.add_argument("--strategy", default="fsdp2", choices=("fsdp2", "fsdp"))
+    parser.add_argument("--tokens", type=int, default=16384, help="the fsdp2 (Ulysses) sequence")
+    parser.add_argument("--megatron-tokens", type=int, default=8192, help="the megatron (CP) sequence")
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--strategy", default="fsdp2", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--sp", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -94,15 +101,19 @@ def main(argv=None) -> int:
     if args.child:
         torch.multiprocessing.spawn(_rank, args=(args,), nprocs=args.sp)
         return 0
+    rows = []
     with tempfile.TemporaryDirectory() as directory:
         model = _model(directory)
-        one, two = _child(args, 1, model), _child(args, 2, model)
-    rows = [["SP=1 (1 rank)", one["peak_mib"], one["seconds"], one["loss"]],
-            ["SP=2 (per rank)", two["peak_mib"], two["seconds"], two["loss"]],
-            ["SP=2 / SP=1", two["peak_mib"] / one["peak_mib"], two["seconds"] / one["seconds"], ""]]
-    print(f"one {args.tokens}-token sequence, {args.strategy}, gradient checkpointing "
-          f"{'on' if args.checkpointing else 'off'}, random Qwen2 hidden 512 x 4 layers, vocabulary 32,000, fp32")
-    print(format_table(["", "forward+backward peak MiB", "seconds", "loss"], rows))
+        for strategy, tokens, split in (("fsdp2", args.tokens, "Ulysses SP"), ("megatron", args.megatron_tokens,
+                                                                                "CP")):
+            one, two = _child(args, strategy, tokens, 1, model), _child(args, strategy, tokens, 2, model)
+            rows += [[f"{strategy} {split}=1", tokens, one["peak_mib"], one["seconds"], one["loss"]],
+                     [f"{strategy} {split}=2 (per rank)", tokens, two["peak_mib"], two["seconds"], two["loss"]],
+                     [f"{strategy} {split}=2 / {split}=1", "", two["peak_mib"] / one["peak_mib"],
+                      two["seconds"] / one["seconds"], ""]]
+    print(f"one sequence, gradient checkpointing {'on' if args.checkpointing else 'off'}, random Qwen2 hidden 512 x "
+          "4 layers, vocabulary 32,000, fp32")
+    print(format_table(["", "tokens", "forward+backward peak MiB", "seconds", "loss"], rows))
     return 0
 
 

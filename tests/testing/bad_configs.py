@@ -153,7 +153,17 @@ BAD = {
     "megatron_with_ulysses": Bad(
         [*WORLD_4, "trainer.strategy=megatron", "trainer.policy.sequence_parallel_size=2"],
         "trainer.policy.sequence_parallel_size",
-        ("set it to 1, and use trainer.policy.megatron_config.sequence_parallel=true",),
+        ("set it to 1, and use trainer.policy.megatron_config.context_parallel_size",),
+    ),
+    "megatron_cp_not_dividing_dp": Bad(
+        [*WORLD_4, "trainer.strategy=megatron", MEGATRON + "tensor_model_parallel_size=2",
+         MEGATRON + "context_parallel_size=4"],
+        MEGATRON + "context_parallel_size", ("4 must divide the data-parallel size 2",),
+    ),
+    "megatron_cp_fused_loss": Bad(
+        [*WORLD_4, "trainer.strategy=megatron", MEGATRON + "context_parallel_size=2",
+         "trainer.policy.use_fused_kernels=true"],
+        "trainer.policy.use_fused_kernels", ("does not run with context parallelism",),
     ),
     "ulysses_not_dividing_world": Bad(
         [*WORLD_4, "trainer.policy.sequence_parallel_size=3"],

@@ -173,7 +173,8 @@ class MegatronStrategy(StrategyConfig):
         "policy.megatron_cfg.context_parallel_size": f"{BLOCK}.context_parallel_size",
         "policy.megatron_cfg.optimizer.optimizer_cpu_offload": f"{BLOCK}.optimizer_cpu_offload",
     }
-    ulysses_hint = f", and use {BLOCK}.sequence_parallel=true with TP > 1 for megatron's own sequence parallelism"
+    ulysses_hint = (f", and use {BLOCK}.context_parallel_size to split long sequences (or {BLOCK}.sequence_parallel"
+                    "=true with TP > 1 to shard activations)")
     lora = True
 
     def check(self, cfg, problems: Problems) -> None:

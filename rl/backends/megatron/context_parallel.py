@@ -23,6 +23,8 @@ from torch import Tensor
 
 from rl.backends.ulysses import SequenceParallel, sum_over_group
 
+_GROUPS: dict[tuple, dict[tuple[int, ...], object]] = {}
+
 
 @dataclass(frozen=True)
 class RowSlice:
@@ -46,14 +48,13 @@ def context_parallel(size: int) -> SequenceParallel | None:
                          f"data-parallel size {len(mine)}")
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, tuple(mine))
-    rank, found = dist.get_rank(), None
-    for ranks in sorted(set(everyone)):
-        for k in range(0, len(ranks), size):
-            members = list(ranks[k:k + size])
-            group = dist.new_group(members)
-            if rank in members:
-                found = SequenceParallel(size=size, rank=members.index(rank), group=group)
-    return found
+    layout = (size, tuple(sorted(set(everyone))))  # every data-parallel group
+    if layout not in _GROUPS:  # the policy and the reference share them
+        _GROUPS[layout] = {tuple(ranks[k:k + size]): dist.new_group(list(ranks[k:k + size]))
+                           for ranks in layout[1] for k in range(0, len(ranks), size)}
+    rank = dist.get_rank()
+    members, group = next((m, g) for m, g in _GROUPS[layout].items() if rank in m)
+    return SequenceParallel(size=size, rank=members.index(rank), group=group)
 
 
 def local_inputs(ids: Tensor, pos: Tensor, params, cp: SequenceParallel):

@@ -1,7 +1,8 @@
 """The parity contract, end to end through the real launcher (Ray actors, one gloo group): every strategy, with 1 and
 2 workers, packed (and padded on 1), runs the same few steps as fsdp2 on 1 worker with packing (fp32), and ends with the
 same weights; so do fsdp2 and megatron with the fused chunked loss (`trainer.policy.use_fused_kernels`), and fsdp2
-and fsdp with Ulysses over both workers (`trainer.policy.sequence_parallel_size=2`). Any
+and fsdp with Ulysses over both workers (`trainer.policy.sequence_parallel_size=2`), and megatron with context
+parallelism (`megatron_config.context_parallel_size=2`). Any
 backend added later joins LAYOUTS.
 
 Step 1's rollouts come before any update, so they are identical across layouts; later rollouts are sampled from
@@ -30,6 +31,7 @@ WEIGHT_ATOL = 2e-5
 ZERO3 = ("deepspeed_config.train.zero_optimization.stage=3",)
 FUSED = ("trainer.policy.use_fused_kernels=true",)
 ULYSSES = ("trainer.policy.sequence_parallel_size=2",)  # one data-parallel shard split over the two workers
+CONTEXT = ("trainer.policy.megatron_config.context_parallel_size=2",)  # megatron's counterpart
 REFERENCE = ("fsdp2", 1, True, ())
 # Padding is the batch format, the same whatever the number of workers: each strategy runs it on one worker.
 LAYOUTS = [
@@ -37,12 +39,12 @@ LAYOUTS = [
     for strategy, workers, packed in itertools.product(("fsdp2", "fsdp", "deepspeed"), (1, 2), (True, False))
     if (strategy, workers, packed, ()) != REFERENCE and (packed or workers == 1)
 ] + [("deepspeed", 2, True, ZERO3), ("fsdp2", 2, True, FUSED), ("megatron", 2, True, FUSED),
-      ("fsdp2", 2, True, ULYSSES), ("fsdp", 2, True, ULYSSES)]
+      ("fsdp2", 2, True, ULYSSES), ("fsdp", 2, True, ULYSSES), ("megatron", 2, True, CONTEXT)]
 
 
 def _layout_id(layout) -> str:
     strategy, workers, packed, extra = layout
-    suffix = {(): "", ZERO3: "-zero3", FUSED: "-fused-loss", ULYSSES: "-ulysses"}[extra]
+    suffix = {(): "", ZERO3: "-zero3", FUSED: "-fused-loss", ULYSSES: "-ulysses", CONTEXT: "-context-parallel"}[extra]
     return f"{strategy}-{workers}w-{'packed' if packed else 'padded'}{suffix}"
 
 
