@@ -19,6 +19,7 @@ from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.core.packing import pack_sequences
 
 LENGTHS = ((6, 9, 4, 7), (5, 8, 3, 10))  # sequences given to rank 0 and rank 1 in 2-rank runs
+VOCAB = 61  # odd: TP=2 pads the vocabulary to 62 and must mask the extra column
 
 
 def sequences(vocab: int) -> list[dict]:
@@ -32,6 +33,38 @@ def sequences(vocab: int) -> list[dict]:
                     "advantages": torch.randn(n, generator=g) * mask,
                     "old_logprobs": -torch.rand(n, generator=g) * mask})
     return out
+
+
+def save_model(model, path) -> str:
+    model.save_pretrained(path)
+    return str(path)
+
+
+def qwen_model(directory, hidden: int, layers: int) -> str:
+    """A random tied-embedding Qwen2 of the vocabulary the sequences use, saved to `directory`."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=hidden * 3 // 2,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         tie_word_embeddings=True, pad_token_id=0, max_position_embeddings=64)
+    return save_model(Qwen2ForCausalLM(config), directory)
+
+
+def assert_same_step(got: dict, want: dict, atol: float = 2e-6) -> None:
+    """Two `run_step` results agree: metrics, grad norm, logprobs and entropy of loss tokens, every gradient."""
+    import pytest
+
+    assert got["metrics"].keys() == want["metrics"].keys()
+    for name, value in want["metrics"].items():
+        assert got["metrics"][name] == pytest.approx(value, abs=atol), name
+    assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
+    mask = torch.cat([s["loss_mask"] for s in sequences(VOCAB)])
+    torch.testing.assert_close(got["logprobs"][mask], want["logprobs"][mask], rtol=0, atol=atol)
+    torch.testing.assert_close(got["entropy"][mask], want["entropy"][mask], rtol=0, atol=atol)
+    for name, grad in want["grads"].items():
+        scale = float(grad.abs().max()) or 1.0
+        torch.testing.assert_close(got["grads"][name], grad, rtol=0, atol=1e-4 * scale, msg=name)
 
 
 def shard_batches(vocab: int, dp_size: int, micro_batches: int = 1):

@@ -5,8 +5,7 @@ cross the slice boundaries."""
 
 import pytest
 
-from tests.rl.backends.megatron.harness import run_steps
-from tests.rl.backends.megatron.test_parity import VOCAB, _qwen, assert_same_step
+from tests.rl.backends.megatron.harness import VOCAB, assert_same_step, qwen_model, run_steps
 
 # Three micro-batches of the harness's sequences put a slice boundary inside a sequence in each (one micro-batch of
 # all eight would be cut at a sequence boundary); DP=2 cuts one micro-batch per shard inside a sequence as well.
@@ -21,7 +20,7 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, dict]:
-    path = _qwen(tmp_path_factory.mktemp("qwen2"), hidden=64, layers=2)
+    path = qwen_model(tmp_path_factory.mktemp("qwen2"), hidden=64, layers=2)
     out = {"cp1": run_steps("megatron", path, VOCAB, 1, [{}])[0]}
     for world, layouts in LAYOUTS.items():
         out.update(zip(layouts, run_steps("megatron", path, VOCAB, world, list(layouts.values())), strict=True))

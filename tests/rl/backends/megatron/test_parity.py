@@ -5,30 +5,23 @@ per-token logprobs of transformers run on each sequence alone."""
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM
 
 from rl.backends.logits import token_logprobs
-from tests.rl.backends.megatron.harness import run_step, run_steps, sequences
-
-VOCAB = 61  # odd: TP=2 pads the vocabulary to 62 and must mask the extra column
-
-
-def _save(model, path) -> str:
-    model.save_pretrained(path)
-    return str(path)
-
-
-def _qwen(directory, hidden: int, layers: int) -> str:
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=hidden * 3 // 2,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         tie_word_embeddings=True, pad_token_id=0, max_position_embeddings=64)
-    return _save(Qwen2ForCausalLM(config), directory)
+from tests.rl.backends.megatron.harness import (
+    VOCAB,
+    assert_same_step,
+    qwen_model,
+    run_step,
+    run_steps,
+    save_model,
+    sequences,
+)
 
 
 @pytest.fixture(scope="module")
 def qwen_path(tmp_path_factory):
-    return _qwen(tmp_path_factory.mktemp("qwen2"), hidden=64, layers=2)
+    return qwen_model(tmp_path_factory.mktemp("qwen2"), hidden=64, layers=2)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +31,7 @@ def mixtral_path(tmp_path_factory):
                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
                            num_experts_per_tok=2, tie_word_embeddings=False, max_position_embeddings=64,
                            pad_token_id=0)
-    return _save(MixtralForCausalLM(config), tmp_path_factory.mktemp("mixtral"))
+    return save_model(MixtralForCausalLM(config), tmp_path_factory.mktemp("mixtral"))
 
 
 def hf_logprobs(path: str) -> torch.Tensor:
@@ -51,19 +44,6 @@ def hf_logprobs(path: str) -> torch.Tensor:
             lp = token_logprobs(model(input_ids=ids[None]).logits[0, :-1], ids[1:])
             out.append(torch.cat([lp.new_zeros(1), lp]))
     return torch.cat(out)
-
-
-def assert_same_step(got: dict, want: dict, atol: float = 2e-6) -> None:
-    assert got["metrics"].keys() == want["metrics"].keys()
-    for name, value in want["metrics"].items():
-        assert got["metrics"][name] == pytest.approx(value, abs=atol), name
-    assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
-    mask = torch.cat([s["loss_mask"] for s in sequences(VOCAB)])
-    torch.testing.assert_close(got["logprobs"][mask], want["logprobs"][mask], rtol=0, atol=atol)
-    torch.testing.assert_close(got["entropy"][mask], want["entropy"][mask], rtol=0, atol=atol)
-    for name, grad in want["grads"].items():
-        scale = float(grad.abs().max()) or 1.0
-        torch.testing.assert_close(got["grads"][name], grad, rtol=0, atol=1e-4 * scale, msg=name)
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +124,7 @@ def test_expert_parallel_moe_matches_single_rank_and_fsdp2(mixtral_path):
 @pytest.fixture(scope="module")
 def qwen4_path(tmp_path_factory):
     """Four layers: PP=2 x VP=2 gives each model chunk one."""
-    return _qwen(tmp_path_factory.mktemp("qwen2-4"), hidden=32, layers=4)
+    return qwen_model(tmp_path_factory.mktemp("qwen2-4"), hidden=32, layers=4)
 
 
 INTERLEAVED = {
