@@ -7,10 +7,12 @@ built in code (`build_tokenizer`), so every benchmark runs offline.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import socket
 import statistics
 import string
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -123,6 +125,19 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     rule = "  ".join("-" * w for w in widths)
     body = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
     return "\n".join([line, rule, *body])
+
+
+def memory_child(cmd: list[str], label: str) -> dict:
+    """Runs a benchmark's child process and returns the JSON its last output line holds. A fixed mmap threshold:
+    glibc then returns every freed tensor of 128 KiB or more to the OS at once, so the resident-set peak follows
+    live tensor memory (as a GPU allocator's peak would) instead of the heap the allocator keeps after activations
+    are freed."""
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)),
+               MALLOC_MMAP_THRESHOLD_="131072")
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    if done.returncode:
+        raise RuntimeError(f"{label} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def status_kib(field: str) -> int:

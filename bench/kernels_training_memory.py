@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
 
-from bench.common import format_table, status_kib
+from bench.common import format_table, memory_child, status_kib
 
 VARIANTS = ("fsdp2", "deepspeed", "fsdp", "megatron-tp2")
 SETTINGS_KW = dict(use_kl_loss=True, kl_estimator_type="k3", kl_loss_coef=0.01)
@@ -151,15 +150,7 @@ def _child(args, variant: str, fused: bool, model: str, port: int) -> dict:
            str(args.hidden), "--sequences", str(args.sequences)] + (["--fused"] if fused else [])
     cmd += ["--chunk-size", str(args.chunk_size)] if args.chunk_size else []
     cmd += ["--gradient-checkpointing"] if args.gradient_checkpointing else []
-    # A fixed mmap threshold: glibc then returns every freed tensor of 128 KiB or more to the OS at once, so the
-    # resident-set peak follows live tensor memory (as a GPU allocator's peak would) instead of the heap the
-    # allocator keeps after activations are freed.
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)),
-               MALLOC_MMAP_THRESHOLD_="131072")
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-    if done.returncode:
-        raise RuntimeError(f"{variant} fused={fused} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return memory_child(cmd, f"{variant} fused={fused}")
 
 
 def _max_rel(a: dict, b: dict) -> float:

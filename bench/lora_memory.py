@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
 
-from bench.common import format_table, status_kib
+from bench.common import format_table, memory_child, status_kib
 
 QWEN_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                 num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=4096)
@@ -85,12 +83,7 @@ def _child(args, lora: bool, model: str, port: int) -> dict:
     cmd = [sys.executable, "-m", "bench.lora_memory", "--child", "--model", model, "--port", str(port),
            "--strategy", args.strategy, "--tokens", str(args.tokens), "--rank", str(args.rank), "--steps",
            str(args.steps)] + (["--lora"] if lora else [])
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072",
-               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)))
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-    if done.returncode:
-        raise RuntimeError(f"lora={lora} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return memory_child(cmd, f"lora={lora}")
 
 
 def main(argv=None) -> int:

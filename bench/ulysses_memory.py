@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
 
-from bench.common import format_table, free_port, status_kib
+from bench.common import format_table, free_port, memory_child, status_kib
 
 PROMPT = 512
 MODEL = dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
@@ -80,11 +78,7 @@ def _child(args, strategy: str, tokens: int, sp: int, model: str) -> dict:
     cmd = [sys.executable, "-m", "bench.ulysses_memory", "--child", "--model", model, "--sp", str(sp),
            "--port", str(free_port()), "--tokens", str(tokens), "--strategy", strategy] + \
         (["--checkpointing"] if args.checkpointing else [])
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-    if done.returncode:
-        raise RuntimeError(f"SP={sp} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return memory_child(cmd, f"{strategy} split={sp}")
 
 
 def main(argv=None) -> int:

@@ -8,7 +8,7 @@ the optimizer and its schedule — lives here, so a strategy module only says ho
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -105,9 +105,16 @@ class TrainingBackend(abc.ABC):
 
     def own_to_hf(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
         """`own_state_dict`'s tensors under Hugging Face names, LoRA adapters merged into their layers."""
+        return dict(self.hf_items(state.items())) if self.spec.lora else state
+
+    def hf_items(self, items: Iterable[tuple[str, Tensor]]) -> Iterable[tuple[str, Tensor]]:
+        """A stream of (name, tensor) in the model's own naming under Hugging Face names: with LoRA, each adapted
+        weight merged with its adapters (`rl.backends.lora.merged_items`); otherwise the stream as it is."""
+        if not self.spec.lora:
+            return items
         from rl.backends.lora import merged_items, scaling
 
-        return dict(merged_items(state.items(), scaling(self.spec.lora))) if self.spec.lora else state
+        return merged_items(items, scaling(self.spec.lora))
 
     def adapter_state_dict(self) -> dict[str, Tensor]:
         """The LoRA adapters under PEFT's adapter-file names, on rank 0 (`rl.backends.lora.adapter_items`).

@@ -16,7 +16,7 @@ from torch import Tensor
 from rl.backends.base import TrainingBackend
 from rl.backends.deepspeed_config import merged_section
 from rl.backends.hf_model import load_causal_lm
-from rl.backends.lora import add_lora, is_adapter, merged_items, scaling, with_base, write_adapter_config
+from rl.backends.lora import add_lora, is_adapter, with_base, write_adapter_config
 from rl.backends.weight_sync import Bucket, rank0_buckets
 
 CHECKPOINT_TAG = "state"
@@ -112,9 +112,7 @@ class DeepSpeedBackend(TrainingBackend):
         """Parameters gathered in groups of about `bucket_bytes` (full size): under ZeRO-3 each group on its own
         (`GatheredParameters`, collective), released before the next, so no rank holds the whole model. Tied
         weights come once, under their first name."""
-        items = self._group_tensors(bucket_bytes)
-        items = merged_items(items, scaling(self.spec.lora)) if self.spec.lora else items
-        yield from rank0_buckets(items, bucket_bytes, self.dist.is_main)
+        yield from rank0_buckets(self.hf_items(self._group_tensors(bucket_bytes)), bucket_bytes, self.dist.is_main)
 
     def _group_tensors(self, group_bytes: int) -> Iterator[tuple[str, Tensor]]:
         import deepspeed

@@ -21,7 +21,7 @@ from rl.backends.base import TrainingBackend
 from rl.backends.dcp_checkpoint import DCPCheckpointMixin
 from rl.backends.fsdp_config import FSDPConfig, offloads
 from rl.backends.hf_model import load_causal_lm
-from rl.backends.lora import add_lora, merged_items, scaling
+from rl.backends.lora import add_lora
 from rl.backends.mesh import decoder_layers, device_mesh
 from rl.backends.weight_sync import Bucket, rank0_buckets
 
@@ -82,8 +82,7 @@ class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
         """One FSDP unit (a decoder layer, then the root's own parameters) gathered at a time
         (`summon_full_params(recurse=False)`, collective), its parameters copied on rank 0 until a bucket is full.
         Tied weights come once, under their first name."""
-        items = merged_items(self._unit_tensors(), scaling(self.spec.lora)) if self.spec.lora else self._unit_tensors()
-        yield from rank0_buckets(items, bucket_bytes, self.dist.is_main)
+        yield from rank0_buckets(self.hf_items(self._unit_tensors()), bucket_bytes, self.dist.is_main)
 
     def _unit_tensors(self) -> Iterator[tuple[str, Tensor]]:
         wrapper = "_fsdp_wrapped_module."

@@ -15,7 +15,7 @@ from rl.backends.base import TrainingBackend
 from rl.backends.dcp_checkpoint import DCPCheckpointMixin
 from rl.backends.fsdp_config import FSDPConfig, offloads
 from rl.backends.hf_model import load_causal_lm
-from rl.backends.lora import add_lora, merged_items, scaling
+from rl.backends.lora import add_lora
 from rl.backends.mesh import decoder_layers, device_mesh
 from rl.backends.weight_sync import Bucket, rank0_buckets
 
@@ -65,5 +65,4 @@ class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
                     yield name, full.detach().to("cpu", copy=True)
                 del full
 
-        items = merged_items(gathered(), scaling(self.spec.lora)) if self.spec.lora else gathered()
-        yield from rank0_buckets(items, bucket_bytes, self.dist.is_main)
+        yield from rank0_buckets(self.hf_items(gathered()), bucket_bytes, self.dist.is_main)

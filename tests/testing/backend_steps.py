@@ -19,6 +19,23 @@ def small_batch():
     return pack_sequences(seqs)
 
 
+def oracle_step(model, batch, settings: LossSettings, normalizer: LossNormalizer, trainable: list,
+                optimizer: torch.optim.Optimizer) -> float:
+    """One policy-loss step of a plain transformers model (the oracle the backends are compared with): logprobs at
+    temperature 1, the shared loss, clipping at 1.0, the optimizer's step. Returns the loss."""
+    from rl.backends.hf_forward import batch_logprobs
+    from rl.core.algorithms import compute_policy_loss
+
+    logprobs, _ = batch_logprobs(model.train(), batch, 1.0, False)
+    loss, _ = compute_policy_loss(settings, logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask,
+                                  normalizer)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+    optimizer.step()
+    optimizer.zero_grad()
+    return float(loss.detach())
+
+
 def train_step(backend) -> dict[str, float]:
     """Old logprobs from the backend, one GRPO loss without KL over `small_batch`, one optimizer step."""
     batch = small_batch()

@@ -19,8 +19,8 @@ from rl.backends.dist import init_distributed
 from rl.backends.hf_forward import batch_logprobs
 from rl.backends.lora import add_lora, save_adapter
 from rl.backends.registry import build_backend
-from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
-from tests.testing.backend_steps import small_batch
+from rl.core.algorithms import LossNormalizer, LossSettings
+from tests.testing.backend_steps import oracle_step, small_batch
 
 PORT = 29671
 LORA = dict(rank=8, alpha=16, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
@@ -96,15 +96,8 @@ def test_three_steps_match_plain_torch_and_leave_the_base_untouched(model_path, 
         normalizer = LossNormalizer.from_counts("token_mean", int(batch.loss_mask.sum()), 3)
         got = backend.forward_backward(batch, SETTINGS, normalizer)
         backend.optimizer_step()
-        oracle.train()
-        logprobs, _ = batch_logprobs(oracle, batch, 1.0, False)
-        loss, _ = compute_policy_loss(SETTINGS, logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask,
-                                      normalizer)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
-        assert got["loss"] == pytest.approx(float(loss), rel=1e-5, abs=1e-7), f"step {step}"
+        loss = oracle_step(oracle, batch, SETTINGS, normalizer, trainable, optimizer)
+        assert got["loss"] == pytest.approx(loss, rel=1e-5, abs=1e-7), f"step {step}"
     after = _own(backend)
     for name, value in oracle.state_dict().items():
         torch.testing.assert_close(after[name], value, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")

@@ -16,9 +16,10 @@ from transformers import AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM
 
 from rl.backends.hf_forward import batch_logprobs
 from rl.backends.lora import adapters_disabled, add_lora, save_adapter
-from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
+from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.core.packing import pack_sequences
 from tests.rl.backends.megatron.harness import free_port, reported, sequences, shard_batches
+from tests.testing.backend_steps import oracle_step
 
 VOCAB = 61
 LORA = dict(rank=8, alpha=16, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
@@ -153,14 +154,7 @@ def _oracle(model_path: str, lora: dict) -> dict:
             old, _ = batch_logprobs(model.eval(), whole, 1.0, False)
         batch = whole.replace(old_logprobs=old)
         normalizer = LossNormalizer.from_counts("token_mean", int(batch.loss_mask.sum()), len(seqs))
-        logprobs, _ = batch_logprobs(model.train(), batch, 1.0, False)
-        loss, _ = compute_policy_loss(SETTINGS, logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask,
-                                      normalizer)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(float(loss.detach()))
+        losses.append(oracle_step(model, batch, SETTINGS, normalizer, trainable, optimizer))
     with torch.no_grad():
         logprobs, _ = batch_logprobs(model.eval(), whole, 1.0, False)
     state = model.state_dict()
