@@ -25,6 +25,8 @@ SIZES = {
     "tiny": ModelShape(hidden=128, layers=2, heads=4, intermediate=512, vocab_size=32000, max_positions=512),
     "100m": ModelShape(hidden=768, layers=10, heads=12, intermediate=2048, vocab_size=32000, max_positions=512),
     "500m": ModelShape(hidden=1280, layers=20, heads=20, intermediate=3584, vocab_size=32000, max_positions=512),
+    # Qwen2.5-1.5B's hidden, layer and MLP sizes (1.4B parameters with this vocabulary): the GPU goal's size, `--sizes 1.5b`
+    "1.5b": ModelShape(hidden=1536, layers=28, heads=12, intermediate=8960, vocab_size=32000, max_positions=512),
 }
 
 
@@ -49,7 +51,7 @@ def main() -> None:
     from rl.core.generation import SamplingParams
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default=",".join(SIZES))
+    parser.add_argument("--sizes", default="tiny,100m,500m")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)

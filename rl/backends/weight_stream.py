@@ -1,7 +1,8 @@
 """Weights streamed over a process group of their own (`generator.weight_sync_backend` gloo or nccl): training rank 0
 (group rank 0) broadcasts, bucket by bucket, to the engine actors (group ranks 1..E) that sit on devices of their
-own. Every message is a broadcast from rank 0: a header (length, then the pickled list of (name, dtype, shape) of the
-bucket's tensors; length 0 ends the stream), then one flat byte buffer holding the tensors one after another.
+own. Every message is a broadcast from rank 0: a header (length, then the pickled layout of the bucket,
+`shared_weights.layout`: name, dtype, shape and offset of each tensor, and the buffer's size; length 0 ends the
+stream), then one flat byte buffer holding the tensors one after another.
 
 The group is built from a TCPStore and the backend's ProcessGroup class directly, so it exists beside the training
 workers' default group without touching it.
@@ -17,12 +18,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rl.core.generation.shared_weights import fill, layout, unpack
+
 TIMEOUT = timedelta(minutes=30)
-ALIGN = 16  # each tensor starts at a multiple of this in the buffer, so it can be viewed in its dtype in place
-
-
-def _padded(size: int) -> int:
-    return -(-size // ALIGN) * ALIGN
 
 
 def join_group(host: str, port: int, rank: int, world_size: int, backend: str) -> dist.ProcessGroup:
@@ -46,16 +44,14 @@ def send_bucket(group: dist.ProcessGroup, backend: str, bucket: Iterable[tuple[s
     """Broadcasts one bucket; returns its payload bytes."""
     bucket = list(bucket)
     device = _device(backend)
-    header = pickle.dumps([(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in bucket])
+    entries, size = layout(bucket)
+    header = pickle.dumps((entries, size))
     _broadcast(group, torch.tensor([len(header)], dtype=torch.int64, device=device))
     _broadcast(group, torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device))
-    pieces = []
-    for _, tensor in bucket:
-        raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8).to(device)
-        pieces += [raw, torch.zeros(_padded(raw.numel()) - raw.numel(), dtype=torch.uint8, device=device)]
-    flat = torch.cat(pieces)
+    flat = torch.zeros(size, dtype=torch.uint8, device=device)
+    fill(flat, bucket, entries)
     _broadcast(group, flat)
-    return flat.numel()
+    return size
 
 
 def send_end(group: dist.ProcessGroup, backend: str) -> None:
@@ -73,14 +69,7 @@ def receive_buckets(group: dist.ProcessGroup, backend: str) -> Iterator[list[tup
             return
         header = torch.empty(int(length), dtype=torch.uint8, device=device)
         _broadcast(group, header)
-        entries = pickle.loads(header.cpu().numpy().tobytes())
-        dtypes = [getattr(torch, dtype) for _, dtype, _ in entries]
-        sizes = [torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-                 for (_, _, shape), dtype in zip(entries, dtypes, strict=True)]
-        flat = torch.empty(sum(_padded(size) for size in sizes), dtype=torch.uint8, device=device)
+        entries, size = pickle.loads(header.cpu().numpy().tobytes())
+        flat = torch.empty(size, dtype=torch.uint8, device=device)
         _broadcast(group, flat)
-        bucket, offset = [], 0
-        for (name, _, shape), dtype, size in zip(entries, dtypes, sizes, strict=True):
-            bucket.append((name, flat[offset:offset + size].view(dtype).reshape(shape)))
-            offset += _padded(size)
-        yield bucket
+        yield unpack(flat, entries)

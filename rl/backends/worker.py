@@ -91,6 +91,35 @@ class TrainingWorker:
                 sent, buckets = sent + size_of(bucket), buckets + 1
         return {"sync_bytes": float(sent), "sync_buckets": float(buckets)}
 
+    def device_key(self) -> str:
+        """Where this worker's policy weights live (`shared_weights.device_key`)."""
+        from rl.core.generation.shared_weights import device_key
+
+        return device_key(self.policy.dist.device)
+
+    def share_weights(self, engines: list, bucket_bytes: int) -> dict[str, float]:
+        """The policy's weights to every engine actor on this machine, one bucket at a time from rank 0, shared by
+        handle (`shared_weights`: CUDA IPC on a GPU, /dev/shm on the host): Ray carries only handles and layouts.
+        Collective like `push_weights`; returns what was sent (zeros on the other ranks)."""
+        import ray
+
+        from rl.core.generation.shared_weights import SharedBuffer, layout
+
+        key, sent, buckets = self.device_key(), 0, 0
+        for bucket in self.policy.weight_buckets(bucket_bytes):
+            if self.rank != 0 or not bucket:
+                continue
+            entries, size = layout(bucket)
+            buffer = SharedBuffer(size, self.policy.dist.device)
+            try:
+                buffer.fill(bucket, entries)
+                del bucket
+                ray.get([engine.load_shared.remote({key: buffer.handle}, entries) for engine in engines])
+            finally:
+                buffer.close()
+            sent, buckets = sent + size, buckets + 1
+        return {"sync_bytes": float(sent), "sync_buckets": float(buckets)}
+
     def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> None:
         """Rank 0 joins the process group of the engine actors as its rank 0 (`weight_stream`)."""
         from rl.backends.weight_stream import join_group

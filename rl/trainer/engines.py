@@ -52,6 +52,12 @@ class EngineActor:
     def finish_update(self, version: int) -> None:
         self.version, self.updating = version, False
 
+    def device_keys(self) -> list[str]:
+        return self.engine.device_keys()
+
+    def load_shared(self, handles: dict[str, Any], entries: list) -> None:
+        self.engine.load_shared(handles, entries)
+
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         """Joins training rank 0's process group for weights (`rl.backends.weight_stream`) as `rank`."""
         from rl.backends.weight_stream import join_group

@@ -73,6 +73,9 @@ def fit_problems(cfg, gpus: int, cores: int, remote: bool) -> list[str]:
         return []
     if cfg.generator.weight_sync_backend == "nccl" and not gpus:
         return ["generator.weight_sync_backend: nccl needs GPUs and this machine has none; use gloo (or null)"]
+    if cfg.generator.weight_sync_backend == "ipc" and gpus and plan.engines:
+        return ["generator.weight_sync_backend: ipc shares buffers on training rank 0's GPU, and these engines have "
+                "GPUs of their own (trainer.placement.colocate_all=false); use nccl (or null)"]
     if plan.nodes > 1:
         return [f"trainer.placement.policy_num_nodes: {plan.nodes} nodes need a Ray cluster of that many nodes, and "
                 "this run would start a one-node Ray of its own; start the cluster (examples/multinode) and pass "

@@ -3,11 +3,14 @@
 
 - `CollectiveSync` (gloo or nccl; the default for engines on devices of their own): rank 0 and the engine actors
   form a process group and rank 0 broadcasts each bucket (`TrainingBackend.weight_buckets`) to them.
-- `PushSync` (ray; the default for vLLM engines sharing the workers' devices): rank 0 hands each bucket to every
-  engine actor through Ray's object store.
+- `SharedSync` (ipc; the default for engines sharing rank 0's device): rank 0 lays each bucket out in one buffer
+  and hands the engines a handle to it (`rl.core.generation.shared_weights`: CUDA IPC on a GPU, /dev/shm on the
+  host); each engine worker maps it on its own device and loads from it in place.
+- `PushSync` (ray; the default for colocated engines not all on rank 0's device): rank 0 hands each bucket to
+  every engine actor through Ray's object store.
 - `DriverSync`: the colocated HF engine in the driver. Rank 0's full state comes to the driver, which copies it in.
 
-The driver sees only counts in the first two. `sync(version)` names the policy version the weights are (the number
+The driver sees only counts in the first three. `sync(version)` names the policy version the weights are (the number
 of optimizer updates behind them); it returns `sync_bytes` and `sync_buckets` for the step's metrics (the loop times
 it as `sync_time_s`).
 """
@@ -20,15 +23,23 @@ from rl.trainer.worker_group import WorkerGroup
 
 
 class PushSync:
+    method = "push_weights"  # the workers' method that sends the buckets
+
     def __init__(self, group: WorkerGroup, engines: RemoteEngines, bucket_mb: int):
         self.group, self.engines, self.bucket_bytes = group, engines, bucket_mb << 20
 
     def sync(self, version: int) -> dict[str, float]:
         """Waits for the engines' submitted calls, then pushes; their later rollouts carry `version`."""
         self.engines.begin_update()
-        sent = self.group.call("push_weights", self.engines.actors, self.bucket_bytes)[0]
+        sent = self.group.call(self.method, self.engines.actors, self.bucket_bytes)[0]
         self.engines.finish_update(version)
         return sent
+
+
+class SharedSync(PushSync):
+    """Engines on rank 0's device (host memory on CPU): buckets shared by handle; Ray carries handles and layouts."""
+
+    method = "share_weights"
 
 
 class CollectiveSync:
@@ -67,12 +78,25 @@ class DriverSync:
         return {"sync_bytes": float(bucket_bytes(state)), "sync_buckets": 1.0}
 
 
-def transport(cfg, gpu: bool) -> str:
-    """`generator.weight_sync_backend`, or its default for the placement."""
+def transport(cfg, gpu: bool, shares_device: bool) -> str:
+    """`generator.weight_sync_backend`, or its default for the placement: a collective for engines on devices of
+    their own, handles for engines on rank 0's device, else Ray's object store."""
     chosen = cfg.generator.weight_sync_backend
     if chosen is not None:
         return chosen
-    return ("nccl" if gpu else "gloo") if not cfg.trainer.placement.colocate_all else "ray"
+    if not cfg.trainer.placement.colocate_all:
+        return "nccl" if gpu else "gloo"
+    return "ipc" if shares_device else "ray"
+
+
+def engines_share_device(group: WorkerGroup, engines: RemoteEngines) -> bool:
+    """Whether every process holding an engine's weights sits on training rank 0's device (so it can open a
+    buffer rank 0 shares)."""
+    import ray
+
+    rank0 = ray.get(group.actors[0].device_key.remote())
+    keys = engines.wait([a.device_keys.remote() for a in engines.actors])
+    return all(key == rank0 for engine in keys for key in engine)
 
 
 def make_weight_sync(cfg, group: WorkerGroup, engine):
@@ -80,7 +104,17 @@ def make_weight_sync(cfg, group: WorkerGroup, engine):
 
     if not isinstance(engine, RemoteEngines):
         return DriverSync(group, engine)
-    kind, bucket_mb = transport(cfg, torch.cuda.is_available()), cfg.generator.weight_sync_bucket_mb
+    gpu, bucket_mb = torch.cuda.is_available(), cfg.generator.weight_sync_bucket_mb
+    shares = cfg.generator.weight_sync_backend in (None, "ipc") and engines_share_device(group, engine)
+    kind = transport(cfg, gpu, shares)
+    if kind == "ipc" and not shares:
+        raise RuntimeError(
+            "generator.weight_sync_backend=ipc: the engines' workers are not all on training rank 0's device "
+            f"({engine.device}), and a shared buffer opens only there; set generator.weight_sync_backend=ray "
+            "(or null to choose it)")
+    print(f"weight sync: {kind}, buckets of {bucket_mb} MiB", flush=True)
+    if kind == "ipc":
+        return SharedSync(group, engine, bucket_mb)
     if kind == "ray":
         return PushSync(group, engine, bucket_mb)
     return CollectiveSync(group, engine, bucket_mb, kind)

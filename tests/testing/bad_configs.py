@@ -262,7 +262,7 @@ BAD = {
     "async_colocated": Bad(["trainer.fully_async.enabled=true"], "trainer.fully_async.enabled",
                            ("trainer.placement.colocate_all=false",)),
     "unknown_weight_sync_backend": Bad(["generator.weight_sync_backend=mpi"], "generator.weight_sync_backend",
-                                       ("ray, gloo, nccl",)),
+                                       ("ipc, ray, gloo, nccl",)),
     "collective_weight_sync_with_colocated_engines": Bad(
         ["generator.backend=vllm", "generator.weight_sync_backend=gloo"], "generator.weight_sync_backend",
         ("nccl allows one rank per device",)),

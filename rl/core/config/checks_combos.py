@@ -138,7 +138,7 @@ def check_weight_sync_backend(cfg: Config, problems: Problems) -> None:
                      "through Ray; leave it null, or set trainer.placement.colocate_all=false")
     elif chosen in ("gloo", "nccl"):
         problems.add(key, f"is {chosen}, but a process group between rank 0 and engines sharing its devices is not "
-                     "possible (nccl allows one rank per device); use ray, or set "
+                     "possible (nccl allows one rank per device); use ipc or ray, or set "
                      "trainer.placement.colocate_all=false")
 
 

@@ -330,11 +330,13 @@ class GeneratorConfig:
     gathered and sent one at a time (never the whole model on one rank), >= 1."""
 
     weight_sync_backend: str | None
-    """How the buckets travel from training rank 0 to engine actors (SkyRL's key): `ray` (Ray's object store),
-    `gloo` or `nccl` (a process group of rank 0 and the engines; both need the engines on devices of their own,
-    `trainer.placement.colocate_all=false`; nccl needs GPUs). null: nccl on a GPU machine and gloo on a CPU one when
-    the engines have devices of their own, else ray. The colocated HF engine lives in the driver and takes rank 0's
-    weights through Ray: leave it null there."""
+    """How the buckets travel from training rank 0 to engine actors (SkyRL's key): `ipc` (rank 0 shares each bucket
+    by handle, CUDA IPC on a GPU and /dev/shm on the host: every engine worker must sit on rank 0's device, or on a
+    CPU machine on its host), `ray` (Ray's object store), `gloo` or `nccl` (a process group of rank 0 and the
+    engines; both need the engines on devices of their own, `trainer.placement.colocate_all=false`; nccl needs
+    GPUs). null: nccl on a GPU machine and gloo on a CPU one when the engines have devices of their own, else ipc
+    when every engine worker is on rank 0's device and ray when not (the run prints its choice). The colocated HF
+    engine lives in the driver and takes rank 0's weights through Ray: leave it null there."""
 
     n_samples_per_prompt: int
     """Completions sampled per training prompt, >= 1 (>= 2 for `grpo` and `rloo`)."""

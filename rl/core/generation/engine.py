@@ -109,6 +109,18 @@ class GenerationEngine(abc.ABC):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy tensors into the model by Hugging Face parameter name; names the model lacks are an error."""
 
+    def device_keys(self) -> list[str]:
+        """Where the processes holding the engine's weights sit (`shared_weights.device_key`), one per process."""
+        from rl.core.generation.shared_weights import device_key
+
+        return [device_key(self.device)]
+
+    def load_shared(self, handles: dict[str, Any], entries: list) -> None:
+        """One bucket shared by handle (`shared_weights`), taken from the device this engine is on."""
+        from rl.core.generation.shared_weights import load_shared
+
+        self.update_weights(load_shared(handles, entries, self.device_keys()[0]))
+
     @abc.abstractmethod
     def offload(self) -> None:
         """Release accelerator memory between generation phases; `generate` is refused until `reload`."""

@@ -3,10 +3,12 @@
 - Rollout logprobs are vLLM's `processed_logprobs`: log_softmax after temperature, top-k and top-p, for the sampled
   token, the same definition as the HF engine's `rollout_logprobs`. vLLM reports one kind per engine, so
   `raw_logprobs` is None here.
-- Weights: `update_weights` writes each bucket of named tensors as a safetensors file in shared memory (/dev/shm)
-  and every vLLM worker loads it through `vllm_worker.WeightLoader.load_weight_file` (`collective_rpc`): tensors
-  themselves cannot cross `collective_rpc` on CPU (pickling a tensor's memoryview fails), a file path can. Names are
-  checked against the model's Hugging Face names first, so a wrong name or shape fails naming the tensor.
+- Weights: `load_shared` takes a bucket shared by handle (`shared_weights`: CUDA IPC on a GPU, /dev/shm on the
+  host); each vLLM worker maps it on its own device and loads from it in place (`vllm_worker.WeightLoader`).
+  `update_weights` (tensors handed over, e.g. through Ray or a process group) writes the bucket as a safetensors
+  file in /dev/shm for the workers instead: tensors themselves cannot cross `collective_rpc` on CPU (pickling a
+  tensor's memoryview fails), a path or a handle can. Names are checked against the model's Hugging Face names
+  first, so a wrong name or shape fails naming the tensor.
 - dtype: the checkpoint's own unless given (vLLM's "auto" would run an fp32 checkpoint in bf16 on CPU, a
   trainer-vs-rollout gap of up to 0.3 nats per token on the embedded model).
 - `offload` / `reload`: vLLM's sleep mode (level 1: weights to host memory, KV cache freed) where the platform has
@@ -136,6 +138,19 @@ class VLLMGenerationEngine(GenerationEngine):
             self.llm.collective_rpc("load_weight_file", args=(path,))
         finally:
             os.unlink(path)
+
+    def device_keys(self) -> list[str]:
+        return list(self.llm.collective_rpc("device_key"))
+
+    def load_shared(self, handles: dict[str, Any], entries: list) -> None:
+        """One bucket shared by handle: checked like `update_weights`, then every worker maps the buffer on its own
+        device and loads the tensors from it in place."""
+        from rl.core.generation.shared_weights import with_aliases
+
+        entries = with_aliases([tuple(entry) for entry in entries], self.aliases)
+        check_named_shapes(self.weight_shapes, ((name, tuple(shape)) for name, _, shape, _ in entries))
+        if entries:
+            self.llm.collective_rpc("load_shared_bucket", args=(handles, entries))
 
     def offload(self) -> None:
         if self.sleeps and not self.offloaded:

