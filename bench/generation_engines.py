@@ -25,7 +25,7 @@ SIZES = {
     "tiny": ModelShape(hidden=128, layers=2, heads=4, intermediate=512, vocab_size=32000, max_positions=512),
     "100m": ModelShape(hidden=768, layers=10, heads=12, intermediate=2048, vocab_size=32000, max_positions=512),
     "500m": ModelShape(hidden=1280, layers=20, heads=20, intermediate=3584, vocab_size=32000, max_positions=512),
-    # Qwen2.5-1.5B's hidden, layer and MLP sizes (1.4B parameters with this vocabulary): the GPU goal's size, `--sizes 1.5b`
+    # Qwen2.5-1.5B's hidden, layer and MLP sizes (1.4B parameters with this vocabulary): the GPU goal, `--sizes 1.5b`
     "1.5b": ModelShape(hidden=1536, layers=28, heads=12, intermediate=8960, vocab_size=32000, max_positions=512),
 }
 

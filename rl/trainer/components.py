@@ -26,11 +26,12 @@ def encode_prompt(tokenizer, record: PromptRecord, max_length: int) -> list[int]
 
 
 def sampling_params(gen_cfg, seed: int, evaluation: bool = False) -> SamplingParams:
+    common = {"max_new_tokens": gen_cfg.max_generate_length, "seed": seed, "stop": tuple(gen_cfg.stop or ())}
     if evaluation:
         return SamplingParams(n=gen_cfg.eval_n_samples_per_prompt, temperature=gen_cfg.eval_temperature,
-                              top_p=1.0, top_k=-1, max_new_tokens=gen_cfg.max_generate_length, seed=seed)
+                              top_p=1.0, top_k=-1, **common)
     return SamplingParams(n=gen_cfg.n_samples_per_prompt, temperature=gen_cfg.temperature, top_p=gen_cfg.top_p,
-                          top_k=gen_cfg.top_k, max_new_tokens=gen_cfg.max_generate_length, seed=seed)
+                          top_k=gen_cfg.top_k, **common)
 
 
 def load_datasets(cfg, train_paths: list[str], val_paths: list[str]):

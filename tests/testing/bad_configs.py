@@ -261,6 +261,7 @@ BAD = {
          "trainer.algorithm.use_kl_loss=false"], "trainer.placement.colocate_policy_ref", ("no reference model",)),
     "async_colocated": Bad(["trainer.fully_async.enabled=true"], "trainer.fully_async.enabled",
                            ("trainer.placement.colocate_all=false",)),
+    "empty_stop_string": Bad(["generator.stop=['####','']"], "generator.stop", ("non-empty strings",)),
     "unknown_weight_sync_backend": Bad(["generator.weight_sync_backend=mpi"], "generator.weight_sync_backend",
                                        ("ipc, ray, gloo, nccl",)),
     "collective_weight_sync_with_colocated_engines": Bad(

@@ -132,6 +132,8 @@ RULES: tuple[Rule, ...] = (
     Rule("generator.eval_temperature", lambda v: v >= 0, "a number >= 0 (0 = greedy decoding)"),
     within("generator.top_p", 0, 1, low_open=True),
     special_or_at_least_one("generator.top_k", -1, "off"),
+    Rule("generator.stop", lambda v: v is None or all(isinstance(s, str) and s for s in v),
+         "a list of non-empty strings, or null"),
 )
 
 NON_EMPTY_STRINGS = (

@@ -353,6 +353,11 @@ class GeneratorConfig:
     max_generate_length: int
     """Most new tokens per completion, >= 1."""
 
+    stop: list[str] | None
+    """Strings that end a completion (SkyRL's `sampling_params.stop`), for training and evaluation: the completion
+    keeps the token that completed the string, and the string with it (what the reward sees and the trainer
+    scores are the same tokens); it finishes as "stop". null: only the end-of-sequence token ends one."""
+
     max_prompt_length: int
     """Most prompt tokens; longer prompts are truncated. >= 1."""
 

@@ -32,6 +32,8 @@ class SamplingParams:
         seed: seeds the sampler for one `generate` call, so the same seed, weights, prompts and engine settings give
             identical rollouts. None draws from the process-wide random state.
         stop_token_ids: extra token ids that end a response, besides the tokenizer's EOS (e.g. a chat end-of-turn).
+        stop: strings that end a response once its decoded text holds one; the response keeps the token that
+            completed the string (so the string too) and finishes with "stop".
     """
 
     n: int = 1
@@ -41,6 +43,7 @@ class SamplingParams:
     max_new_tokens: int = 256
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         checks = [
@@ -50,11 +53,13 @@ class SamplingParams:
             ("top_k", isinstance(self.top_k, int) and self.top_k >= -1, "an integer >= -1 (-1 or 0 turn it off)"),
             ("max_new_tokens", isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "an integer >= 1"),
             ("seed", self.seed is None or isinstance(self.seed, int), "an integer or None"),
+            ("stop", all(isinstance(s, str) and s for s in self.stop), "a sequence of non-empty strings"),
         ]
         for key, ok, expected in checks:
             if not ok:
                 raise ValueError(f"SamplingParams.{key} must be {expected}, got {getattr(self, key)!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "stop", tuple(self.stop))
 
     @property
     def greedy(self) -> bool:

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 
 from rl.core.generation.engine import GENERATION_ENGINES, GenerationEngine, Rollout, SamplingParams
 from rl.core.generation.sampling import recording_processors
-from rl.core.generation.sequences import cut_at_stop, left_pad
+from rl.core.generation.sequences import cut_at_stop, cut_at_stop_string, left_pad
 from rl.core.generation.weights import copy_named_tensors
 
 
@@ -61,7 +61,8 @@ class HFGenerationEngine(GenerationEngine):
     """Generation with `model.generate`, `max_batch_size` sequences at a time.
 
     Prompts are repeated `n` times (prompt-major), left-padded with explicit attention mask and position ids, and
-    decoded until a stop token (the tokenizer's EOS plus `SamplingParams.stop_token_ids`) or `max_new_tokens`.
+    decoded until a stop token (the tokenizer's EOS plus `SamplingParams.stop_token_ids`), a stop string (`stop`) or
+    `max_new_tokens`.
     Seeding: with `SamplingParams.seed` set, the call runs under a private copy of the global random state seeded
     with it, so rollouts depend only on the seed, the other sampling params, the weights, the prompts and
     `max_batch_size` (which sets how random draws are batched).
@@ -126,11 +127,12 @@ class HFGenerationEngine(GenerationEngine):
             position_ids=position_ids,
             generation_config=config,
             logits_processor=processors,
+            tokenizer=self.tokenizer if params.stop else None,  # for generate's early stop at stop strings
         )
         new_tokens = sequences[:, input_ids.shape[1] :]
         raw_lp, processed_lp = raw.finish(new_tokens).tolist(), processed.finish(new_tokens).tolist()
         tokens = new_tokens.tolist()
-        cuts = [cut_at_stop(row, stop_ids) for row in tokens]
+        cuts = [self._cut(row, stop_ids, params.stop) for row in tokens]
         responses = [row[:length] for row, (length, _) in zip(tokens, cuts, strict=True)]
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         return [
@@ -147,17 +149,27 @@ class HFGenerationEngine(GenerationEngine):
             for i, (p, s) in enumerate(chunk)
         ]
 
+    def _cut(self, row: list[int], stop_ids: frozenset[int], stops: tuple[str, ...]) -> tuple[int, str]:
+        """How many tokens of `row` form the response and why it ended: at the first stop token, or earlier at the
+        token completing a stop string (the text decoded as `response_text` is)."""
+        length, reason = cut_at_stop(row, stop_ids)
+        at_string = cut_at_stop_string(row[:length], lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                                       stops)
+        return (at_string, "stop") if at_string is not None else (length, reason)
+
     def _stop_ids(self, params: SamplingParams) -> frozenset[int]:
         eos = () if self.eos_token_id is None else (self.eos_token_id,)
         return frozenset((*eos, *params.stop_token_ids))
 
     def _generation_config(self, params: SamplingParams, stop_ids: frozenset[int]) -> GenerationConfig:
-        """Sampling itself is shaped by our own processors, so the config asks `generate` for none of its own."""
+        """Sampling itself is shaped by our own processors, so the config asks `generate` for none of its own.
+        Stop strings only let `generate` finish a row early; `_cut` decides where each response ends."""
         neutral = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if not params.greedy else {}
         return GenerationConfig(
             do_sample=not params.greedy,
             max_new_tokens=params.max_new_tokens,
             eos_token_id=sorted(stop_ids) or None,
+            stop_strings=list(params.stop) or None,
             pad_token_id=self.pad_token_id,
             use_cache=True,
             **neutral,

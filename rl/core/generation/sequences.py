@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 
@@ -26,6 +26,24 @@ def left_pad(
             attention_mask[row, width - len(prompt) :] = 1
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return input_ids.to(device), attention_mask.to(device), position_ids.to(device)
+
+
+def cut_at_stop_string(tokens: Sequence[int], decode: Callable[[Sequence[int]], str],
+                       stops: Sequence[str]) -> int | None:
+    """The length of the shortest prefix of `tokens` whose decoded text holds one of `stops` (so it ends with the
+    token that completed the string), or None when the whole text holds none. A binary search over prefix lengths:
+    a prefix holding a stop string stays holding it as tokens are added."""
+    holds = lambda length: any(stop in decode(tokens[:length]) for stop in stops)  # noqa: E731
+    if not stops or not holds(len(tokens)):
+        return None
+    low, high = 1, len(tokens)
+    while low < high:
+        middle = (low + high) // 2
+        if holds(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def cut_at_stop(tokens: Sequence[int], stop_ids: Collection[int]) -> tuple[int, FinishReason]:

@@ -49,7 +49,8 @@ def vllm_sampling_params(params: SamplingParams):
     return VLLMSamplingParams(
         n=params.n, temperature=params.temperature, top_p=params.top_p,
         top_k=params.top_k if params.top_k_enabled else 0, max_tokens=params.max_new_tokens, seed=params.seed,
-        stop_token_ids=list(params.stop_token_ids), logprobs=0, detokenize=True, skip_special_tokens=True,
+        stop_token_ids=list(params.stop_token_ids), stop=list(params.stop) or None, include_stop_str_in_output=True,
+        logprobs=0, detokenize=True, skip_special_tokens=True,
     )
 
 

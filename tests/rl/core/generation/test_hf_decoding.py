@@ -126,3 +126,31 @@ def test_left_pad_and_cut_at_stop_by_hand():
     assert positions.tolist() == [[0, 1, 2], [0, 0, 0]]
     assert cut_at_stop([4, 9, 1, 1, 1], {1}) == (3, "stop")
     assert cut_at_stop([4, 9, 3], {1, 2}) == (3, "length")
+
+
+def _naive_string_cut(tokens, tokenizer, stops):
+    """The first prefix whose text holds a stop string, found by decoding every prefix."""
+    for length in range(1, len(tokens) + 1):
+        if any(stop in tokenizer.decode(tokens[:length], skip_special_tokens=True) for stop in stops):
+            return length
+    return None
+
+
+def test_stop_strings_cut_at_the_token_completing_them(make_engine, prompts, tokenizer):
+    engine = make_engine(seed=0, max_batch_size=32)
+    stops = ("ab", "7", "q")
+    free = engine.generate(prompts, SamplingParams(n=8, temperature=1.0, max_new_tokens=16, seed=4))
+    stopped = engine.generate(prompts, SamplingParams(n=8, temperature=1.0, max_new_tokens=16, seed=4, stop=stops))
+    reasons = set()
+    for before, after in zip(free, stopped, strict=True):
+        length, _ = cut_at_stop(before.response_ids, {tokenizer.eos_token_id})
+        cut = _naive_string_cut(before.response_ids[:length], tokenizer, stops)
+        if cut is None:
+            assert after.response_ids == before.response_ids and after.finish_reason == before.finish_reason
+        else:
+            assert after.response_ids == before.response_ids[:cut] and after.finish_reason == "stop"
+            assert any(after.response_text.endswith(stop) for stop in stops), after.response_text
+            reasons.add("string")
+        assert after.rollout_logprobs == before.rollout_logprobs[:len(after.response_ids)]
+        reasons.add(after.finish_reason)
+    assert reasons >= {"string", "length"}  # both kinds of ending were exercised

@@ -74,6 +74,26 @@ def test_offload_refuses_generation_and_reload_gives_the_same_rollouts(engine, p
     assert [r.rollout_logprobs for r in after] == [r.rollout_logprobs for r in before]
 
 
+def test_stop_strings_cut_at_the_token_completing_them(engine, prompts):
+    """vLLM's own stop-string check against decoding every prefix of the same seeded responses without it."""
+    decode = lambda ids: engine.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    stops = ("1", "+")
+    free = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=8))
+    stopped = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=8, stop=stops))
+    cut_by_string = 0
+    for before, after in zip(free, stopped, strict=True):
+        cut = next((n for n in range(1, len(before.response_ids) + 1)
+                    if any(stop in decode(before.response_ids[:n]) for stop in stops)), None)
+        if cut is None:
+            assert after.response_ids == before.response_ids and after.finish_reason == before.finish_reason
+        else:
+            assert after.response_ids == before.response_ids[:cut] and after.finish_reason == "stop"
+            assert after.response_text == decode(after.response_ids)  # the stop string kept in the text
+            cut_by_string += 1
+        assert after.rollout_logprobs == before.rollout_logprobs[:len(after.response_ids)]
+    assert 0 < cut_by_string < len(stopped)
+
+
 def test_bad_names_and_shapes_are_refused_naming_the_tensor(engine, job):
     with pytest.raises(ValueError, match=r"model\.embed_tokens\.weights.*did you mean 'model\.embed_tokens\.weight'"):
         engine.update_weights([("model.embed_tokens.weights", torch.zeros(1))])
