@@ -64,13 +64,8 @@ def make_engine(cfg, model_path: str, tokenizer, placement: Placement):
                       enable_prefix_caching=gen.enable_prefix_caching,
                       max_num_batched_tokens=gen.max_num_batched_tokens, max_num_seqs=gen.max_num_seqs,
                       max_model_len=gen.max_prompt_length + gen.max_generate_length, seed=cfg.trainer.seed)
-    if placement.plan.engines:
-        options = placement.engine_options
-    else:  # sharing the workers' devices (sleep mode frees them while the workers train)
-        tp = gen.inference_engine_tensor_parallel_size
-        gpu = torch.cuda.is_available()
-        options = lambda _: {"num_cpus": 0, "num_gpus": 0.01 * tp if gpu else 0,  # noqa: E731
-                             "runtime_env": {"env_vars": ACTOR_ENV}}
+    # engines of their own, or sharing the workers' devices (sleep mode frees them while the workers train)
+    options = placement.engine_options if placement.plan.engines else placement.colocated_engine_options
     return RemoteEngines(gen.backend, model_path, gen.num_inference_engines, kwargs, options)
 
 

@@ -5,7 +5,10 @@
   r // policy_num_gpus_per_node. The reference model runs on the same workers.
 - The generation engines: with `colocate_all=true` they share the workers' devices (the HF engine in the driver,
   vLLM engines sleeping while the workers train); with `colocate_all=false` they get a placement group of their own,
-  one bundle of `inference_engine_tensor_parallel_size` devices per engine.
+  one bundle of `inference_engine_tensor_parallel_size` devices per engine. On GPUs a colocated engine actor sits in
+  the workers' placement group (the group holds every GPU it reserved) and asks `ENGINE_GPU_SHARE` of a GPU, each
+  worker the rest of one: so each engine lands on a GPU of its own among the workers' (Ray packs fractions without
+  exceeding 1 per GPU).
 
 On a machine without GPUs a device is a logical CPU slot of Ray, and with engines of their own the planner also
 splits the machine's cores: one for each engine, the rest shared by the workers (`rl.backends.cores` pins each actor).
@@ -21,6 +24,8 @@ from typing import Any
 from rl.backends.cores import ENV as CORES_ENV
 from rl.backends.cores import encode
 
+ENGINE_GPU_SHARE = 0.01  # of a GPU: what a colocated engine actor asks of the one it shares with a training worker
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -29,6 +34,7 @@ class Plan:
     engines: int  # engines on bundles of their own (0 when colocated)
     engine_devices: int
     gpu: bool
+    colocated_engines: int = 0  # engine actors sharing the workers' devices (vLLM with colocate_all)
     ref_nodes: int = 0  # a reference group of its own (0: the reference runs on the policy's workers)
     ref_per_node: int = 0
     worker_cores: tuple[int, ...] | None = None  # CPU machines with engines of their own (reference workers too)
@@ -56,9 +62,10 @@ def make_plan(cfg, gpu: bool, cores: int) -> Plan:
     engines = gen.num_inference_engines if separate else 0
     own_ref = separate and not placement.colocate_policy_ref and cfg.trainer.algorithm.use_kl_loss
     ref_nodes, ref_per_node = ref_placement(cfg) if own_ref else (0, 0)
+    colocated_engines = gen.num_inference_engines if not separate and gen.backend != "hf" else 0
     plan = Plan(nodes=placement.policy_num_nodes, per_node=placement.policy_num_gpus_per_node, engines=engines,
                 engine_devices=gen.inference_engine_tensor_parallel_size, gpu=gpu, ref_nodes=ref_nodes,
-                ref_per_node=ref_per_node)
+                ref_per_node=ref_per_node, colocated_engines=colocated_engines)
     if gpu or not separate or cores <= engines:
         return plan
     engine_cores = tuple((core,) for core in range(engines))
@@ -73,6 +80,11 @@ def fit_problems(cfg, gpus: int, cores: int, remote: bool) -> list[str]:
         return []
     if cfg.generator.weight_sync_backend == "nccl" and not gpus:
         return ["generator.weight_sync_backend: nccl needs GPUs and this machine has none; use gloo (or null)"]
+    if gpus and plan.colocated_engines and plan.engine_devices > 1:
+        return [f"generator.inference_engine_tensor_parallel_size: {plan.engine_devices} for engines sharing the "
+                "training workers' GPUs (trainer.placement.colocate_all=true) is not supported: Ray gives an actor "
+                "asking a share of a GPU one GPU; set it to 1, or set trainer.placement.colocate_all=false to give "
+                "each engine GPUs of its own"]
     if cfg.generator.weight_sync_backend == "ipc" and gpus and plan.engines:
         return ["generator.weight_sync_backend: ipc shares buffers on training rank 0's GPU, and these engines have "
                 "GPUs of their own (trainer.placement.colocate_all=false); use nccl (or null)"]
@@ -125,7 +137,16 @@ class Placement:
         return placement_group([dict(bundle) for _ in range(nodes)], strategy="STRICT_SPREAD" if nodes > 1 else "PACK")
 
     def worker_options(self, rank: int) -> dict[str, Any]:
-        return self._options(self.workers, rank // self.plan.per_node, 1, self._worker_env())
+        share = 1 - ENGINE_GPU_SHARE if self.plan.gpu and self.plan.colocated_engines else 1
+        return self._options(self.workers, rank // self.plan.per_node, share, self._worker_env())
+
+    def colocated_engine_options(self, index: int) -> dict[str, Any]:
+        """Engine `index` sharing the workers' devices: on GPUs a share of one in the bundle of the workers it
+        shares with; on CPU no resources of its own (it runs between the workers' phases)."""
+        if not self.plan.gpu:
+            return {"num_cpus": 0, "num_gpus": 0, "runtime_env": {"env_vars": dict(self.env)}}
+        bundle = index * self.plan.engine_devices // self.plan.per_node
+        return self._options(self.workers, bundle, ENGINE_GPU_SHARE, dict(self.env))
 
     def ref_worker_options(self, rank: int) -> dict[str, Any]:
         return self._options(self.ref_workers, rank // self.plan.ref_per_node, 1, self._worker_env())
@@ -145,7 +166,7 @@ class Placement:
             env["OMP_NUM_THREADS"] = str(len(self.plan.engine_cores[index]))
         return self._options(self.engines, index, self.plan.engine_devices, env)
 
-    def _options(self, group, bundle: int, devices: int, env: dict[str, str]) -> dict[str, Any]:
+    def _options(self, group, bundle: int, devices: float, env: dict[str, str]) -> dict[str, Any]:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=bundle)
