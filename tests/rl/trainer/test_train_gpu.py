@@ -1,5 +1,6 @@
 """The launcher on one GPU: the tiny job trains for two steps with each strategy (nccl worker, generation engine on
-the same device and offloaded while the worker trains), and its Hugging Face export loads in transformers."""
+the same device and offloaded while the worker trains), and its Hugging Face export loads in transformers; and with
+a colocated vLLM engine."""
 
 import math
 import os
@@ -36,3 +37,17 @@ def test_tiny_job_trains_on_the_gpu(job, tmp_path, strategy):
     export = os.path.join(run_dir, "exports", f"global_step_{STEPS}")
     model = AutoModelForCausalLM.from_pretrained(export)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_colocated_vllm_engine_trains_on_the_gpu(job, tmp_path):
+    """vLLM on the worker's GPU (placed in its placement group, asleep while it trains): the weights reach it over
+    CUDA IPC, and at step 2 it samples from the weights step 1 trained (its logprobs are the trainer's)."""
+    run_dir = str(tmp_path / "vllm")
+    result = run_train(run_dir, [*job.overrides(steps=STEPS), "generator.backend=vllm",
+                                 "generator.gpu_memory_utilization=0.3", "data.reward_fn=gsm8k_flexible",
+                                 "trainer.algorithm.use_entropy_loss=true", "trainer.policy.optimizer_config.lr=1e-2"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "weight sync: ipc" in result.stdout
+    rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    for row in rows:
+        assert row["sync_buckets"] >= 1 and row["rollout_logprob_abs_diff_max"] < 1e-2, row
