@@ -5,8 +5,8 @@
   1.4B parameters, bf16) takes every weight of a changed model over CUDA IPC and then samples with that model's
   logprobs (a transformers forward on the same GPU), far from the logprobs it had before; sleep mode frees the
   engine's memory and wake-up gives the same seeded rollouts.
-- NCCL (`weight_stream`, engines on GPUs of their own): the bucket broadcast from GPU 0 arrives bit for bit on GPU 1
-  (needs 2 GPUs).
+- NCCL (`weight_stream`, engines on GPUs of their own): the same 1.4B model streamed from GPU 0 in 512 MiB buckets
+  arrives bit for bit on GPU 1 (needs 2 GPUs).
 """
 
 from __future__ import annotations
@@ -143,24 +143,40 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _nccl_member(rank: int, port: int, out: str) -> None:
+def _nccl_member(rank: int, port: int, checkpoint: str, out: str) -> None:
+    """Both ranks load the same checkpoint; rank 0 streams its weights in 512 MiB buckets, rank 1 compares each
+    tensor it receives with its own copy."""
+    from transformers import AutoModelForCausalLM
+
     from rl.backends.weight_stream import join_group, receive_buckets, send_bucket, send_end
+    from rl.backends.weight_sync import bucketed
 
     torch.cuda.set_device(rank)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).cuda()
+    own = model.state_dict()
     group = join_group("127.0.0.1", port, rank, 2, "nccl")
+    started = time.perf_counter()
     if rank == 0:
-        send_bucket(group, "nccl", _bucket("cuda"))
+        for bucket in bucketed(own.items(), 512 << 20):
+            send_bucket(group, "nccl", bucket)
         send_end(group, "nccl")
-    else:
-        received = [[(n, t.cpu()) for n, t in bucket] for bucket in receive_buckets(group, "nccl")]
-        torch.save(received, out)
+        return
+    names, different, size = [], [], 0
+    for bucket in receive_buckets(group, "nccl"):
+        for name, tensor in bucket:
+            names.append(name)
+            size += tensor.numel() * tensor.element_size()
+            if not torch.equal(tensor, own[name]):
+                different.append(name)
     torch.cuda.synchronize()
+    torch.save({"missing": sorted(set(own) - set(names)), "repeated": len(names) - len(set(names)),
+                "different": different, "bytes": size, "s": time.perf_counter() - started}, out)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL between two processes needs two GPUs")
-def test_nccl_stream_arrives_bit_for_bit_on_another_gpu(tmp_path):
+def test_nccl_stream_of_a_real_model_arrives_bit_for_bit_on_another_gpu(checkpoint, tmp_path):
     out = str(tmp_path / "received")
-    mp.spawn(_nccl_member, args=(_free_port(), out), nprocs=2)
-    (received,) = torch.load(out)
-    for (name, got), (want_name, want) in zip(received, _bucket("cpu"), strict=True):
-        assert name == want_name and got.dtype == want.dtype and torch.equal(got, want)
+    mp.spawn(_nccl_member, args=(_free_port(), checkpoint, out), nprocs=2)
+    result = torch.load(out)
+    print(f"NCCL stream of {result['bytes'] / 1e9:.2f} GB: {result['s']:.2f} s")
+    assert result["missing"] == [] and result["repeated"] == 0 and result["different"] == []
