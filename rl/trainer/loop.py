@@ -39,12 +39,13 @@ class Trainer:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.train_set, self.val_set = components.load_datasets(cfg, sources.train_data, sources.val_data)
         self.episodes = Episodes.from_config(cfg, self.tokenizer, self.model_path)
-        # an environment's step rewards replace data.reward_fn
-        self.rewards = None if self.episodes is not None else RewardScorer(
-            cfg.data, start_reward_models(cfg, cfg.data.reward_fn, cfg.trainer.actor_call_timeout_s))
         self.settings = LossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
         self.placement = components.make_placement(cfg)
         print(f"placement: {self.placement.describe()}", flush=True)
+        # an environment's step rewards replace data.reward_fn
+        self.rewards = None if self.episodes is not None else RewardScorer(
+            cfg.data, start_reward_models(cfg, cfg.data.reward_fn, cfg.trainer.actor_call_timeout_s,
+                                          self.placement.guest_options()))
         self.engine = components.make_engine(cfg, self.model_path, self.tokenizer, self.placement)
         print(f"generation: {cfg.generator.backend} engine on {self.engine.device}", flush=True)
         self.group, self.ref_group = components.make_worker_groups(cfg, self.model_path, self.placement)

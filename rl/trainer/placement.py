@@ -5,10 +5,11 @@
   r // policy_num_gpus_per_node. The reference model runs on the same workers.
 - The generation engines: with `colocate_all=true` they share the workers' devices (the HF engine in the driver,
   vLLM engines sleeping while the workers train); with `colocate_all=false` they get a placement group of their own,
-  one bundle of `inference_engine_tensor_parallel_size` devices per engine. On GPUs a colocated engine actor sits in
-  the workers' placement group (the group holds every GPU it reserved) and asks `ENGINE_GPU_SHARE` of a GPU, each
-  worker the rest of one: so each engine lands on a GPU of its own among the workers' (Ray packs fractions without
-  exceeding 1 per GPU).
+  one bundle of `inference_engine_tensor_parallel_size` devices per engine.
+- Actors beside the workers on GPUs (colocated engines, reward models) sit in the workers' placement group, which
+  holds every GPU it reserved: a worker asks `WORKER_GPU_SHARE` of a GPU, an engine `ENGINE_GPU_SHARE` and a reward
+  model `GUEST_GPU_SHARE`. Ray never fills a GPU past 1, so two workers or two engines never share one, while an
+  engine and a few reward models fit beside each worker.
 
 On a machine without GPUs a device is a logical CPU slot of Ray, and with engines of their own the planner also
 splits the machine's cores: one for each engine, the rest shared by the workers (`rl.backends.cores` pins each actor).
@@ -24,7 +25,9 @@ from typing import Any
 from rl.backends.cores import ENV as CORES_ENV
 from rl.backends.cores import encode
 
-ENGINE_GPU_SHARE = 0.01  # of a GPU: what a colocated engine actor asks of the one it shares with a training worker
+ENGINE_GPU_SHARE = 0.01
+GUEST_GPU_SHARE = 0.001
+WORKER_GPU_SHARE = 1 - ENGINE_GPU_SHARE - 5 * GUEST_GPU_SHARE  # leaves room for one engine and five guests
 
 
 @dataclass(frozen=True)
@@ -137,16 +140,24 @@ class Placement:
         return placement_group([dict(bundle) for _ in range(nodes)], strategy="STRICT_SPREAD" if nodes > 1 else "PACK")
 
     def worker_options(self, rank: int) -> dict[str, Any]:
-        share = 1 - ENGINE_GPU_SHARE if self.plan.gpu and self.plan.colocated_engines else 1
+        share = WORKER_GPU_SHARE if self.plan.gpu else 1
         return self._options(self.workers, rank // self.plan.per_node, share, self._worker_env())
 
     def colocated_engine_options(self, index: int) -> dict[str, Any]:
         """Engine `index` sharing the workers' devices: on GPUs a share of one in the bundle of the workers it
         shares with; on CPU no resources of its own (it runs between the workers' phases)."""
+        bundle = index * self.plan.engine_devices // self.plan.per_node
+        return self._beside_workers(bundle, ENGINE_GPU_SHARE)
+
+    def guest_options(self) -> dict[str, Any]:
+        """A reward-model actor: on GPUs a small share of one in the workers' first bundle; on CPU no resources of
+        its own."""
+        return self._beside_workers(0, GUEST_GPU_SHARE)
+
+    def _beside_workers(self, bundle: int, gpu_share: float) -> dict[str, Any]:
         if not self.plan.gpu:
             return {"num_cpus": 0, "num_gpus": 0, "runtime_env": {"env_vars": dict(self.env)}}
-        bundle = index * self.plan.engine_devices // self.plan.per_node
-        return self._options(self.workers, bundle, ENGINE_GPU_SHARE, dict(self.env))
+        return self._options(self.workers, bundle, gpu_share, dict(self.env))
 
     def ref_worker_options(self, rank: int) -> dict[str, Any]:
         return self._options(self.ref_workers, rank // self.plan.ref_per_node, 1, self._worker_env())

@@ -41,18 +41,16 @@ class RewardModelActor:
         return self.model.score(prompts, responses, answers)
 
 
-def start_reward_models(cfg, names: list[str], timeout_s: float | None) -> dict[str, ModelScore]:
-    """name -> score function of every model of trainer.reward that `names` (data.reward_fn) lists."""
+def start_reward_models(cfg, names: list[str], timeout_s: float | None,
+                        options: dict[str, Any]) -> dict[str, ModelScore]:
+    """name -> score function of every model of trainer.reward that `names` (data.reward_fn) lists, each in an actor
+    placed by `options` (`Placement.guest_options`: beside the training workers)."""
     import dataclasses
 
     import ray
 
-    from rl.trainer.components import ACTOR_ENV
-
     reward_cfg = dataclasses.asdict(cfg.trainer.reward)
-    gpu_share = 0.01 if torch.cuda.is_available() else 0  # beside the colocated workers, like the engines
-    remote = ray.remote(RewardModelActor).options(num_cpus=0, num_gpus=gpu_share,
-                                                  runtime_env={"env_vars": ACTOR_ENV})
+    remote = ray.remote(RewardModelActor).options(**options)
     actors = {name: remote.remote(name, reward_cfg) for name in names if name in MODEL_REWARDS}
 
     def scorer(actor) -> ModelScore:

@@ -3,7 +3,8 @@ counts, so the layout it decides is the one a GPU node gets; nothing here touche
 
 The workers' placement group reserves every GPU it holds, so an engine actor asking a share of a GPU outside it is
 never scheduled (shown first, the control). Placed as `Placement.colocated_engine_options` says, every engine starts
-on a GPU of its own among the training workers', and each worker keeps a GPU of its own."""
+on a GPU of its own among the training workers', each worker keeps a GPU of its own, and reward-model actors
+(`guest_options`) start beside them."""
 
 import os
 
@@ -44,7 +45,7 @@ def _started(ray, actors, timeout: float) -> list | None:
     return ray.get(refs) if len(ready) == len(refs) else None
 
 
-def test_colocated_engines_get_gpus_of_their_own_among_the_workers(ray_with_gpus):
+def test_colocated_engines_and_reward_models_start_beside_the_workers(ray_with_gpus):
     ray = ray_with_gpus
     cfg = load_config(["generator.backend=vllm", f"trainer.placement.policy_num_gpus_per_node={GPUS}",
                        "generator.num_inference_engines=2"])
@@ -63,6 +64,11 @@ def test_colocated_engines_get_gpus_of_their_own_among_the_workers(ray_with_gpus
     assert engine_gpus is not None, "colocated engines were never scheduled"
     assert all(len(ids) == 1 for ids in engine_gpus) and len({ids[0] for ids in engine_gpus}) == 2
     assert {ids[0] for ids in engine_gpus} <= {ids[0] for ids in worker_gpus}
+
+    guests = [probe.options(**placement.guest_options()).remote() for _ in range(3)]  # reward models
+    guest_gpus = _started(ray, guests, 60)
+    assert guest_gpus is not None, "reward-model actors were never scheduled"
+    assert all(len(ids) == 1 and ids[0] in {i[0] for i in worker_gpus} for ids in guest_gpus)
 
 
 def test_colocated_engines_with_tensor_parallelism_are_refused_on_gpus():
