@@ -27,20 +27,11 @@ import torch
 from bench.common import ModelShape, format_table, free_port, save_model
 
 
-def _send_tensors(engine, bucket) -> None:
-    engine.update_weights(bucket)
-
-
 def _send_handles(engine, bucket, device) -> None:
-    from rl.core.generation.shared_weights import SharedBuffer, device_key, layout
+    from rl.core.generation.shared_weights import shared
 
-    entries, size = layout(bucket)
-    buffer = SharedBuffer(size, device)
-    try:
-        buffer.fill(bucket, entries)
-        engine.load_shared({device_key(device): buffer.handle}, entries)
-    finally:
-        buffer.close()
+    with shared(bucket, device) as (handles, entries, _):
+        engine.load_shared(handles, entries)
 
 
 def run(args, path: str) -> tuple[list[list[object]], float]:
@@ -55,7 +46,7 @@ def run(args, path: str) -> tuple[list[list[object]], float]:
                           max_model_len=256)
     total = sum(p.numel() * p.element_size() for p in backend.model.parameters())
     senders = {"none (gather only)": lambda bucket: None,
-               "tensors": lambda bucket: _send_tensors(engine, bucket),
+               "tensors": engine.update_weights,
                "handles": lambda bucket: _send_handles(engine, bucket, info.device)}
     seconds: dict[str, list[float]] = {name: [] for name in senders}
     for _ in range(args.rounds):

@@ -103,20 +103,15 @@ class TrainingWorker:
         Collective like `push_weights`; returns what was sent (zeros on the other ranks)."""
         import ray
 
-        from rl.core.generation.shared_weights import SharedBuffer, layout
+        from rl.core.generation.shared_weights import shared
 
-        key, sent, buckets = self.device_key(), 0, 0
+        sent = buckets = 0
         for bucket in self.policy.weight_buckets(bucket_bytes):
             if self.rank != 0 or not bucket:
                 continue
-            entries, size = layout(bucket)
-            buffer = SharedBuffer(size, self.policy.dist.device)
-            try:
-                buffer.fill(bucket, entries)
+            with shared(bucket, self.policy.dist.device) as (handles, entries, size):
                 del bucket
-                ray.get([engine.load_shared.remote({key: buffer.handle}, entries) for engine in engines])
-            finally:
-                buffer.close()
+                ray.get([engine.load_shared.remote(handles, entries) for engine in engines])
             sent, buckets = sent + size, buckets + 1
         return {"sync_bytes": float(sent), "sync_buckets": float(buckets)}
 

@@ -105,7 +105,9 @@ def make_weight_sync(cfg, group: WorkerGroup, engine):
     if not isinstance(engine, RemoteEngines):
         return DriverSync(group, engine)
     gpu, bucket_mb = torch.cuda.is_available(), cfg.generator.weight_sync_bucket_mb
-    shares = cfg.generator.weight_sync_backend in (None, "ipc") and engines_share_device(group, engine)
+    chosen = cfg.generator.weight_sync_backend
+    asks = chosen == "ipc" or (chosen is None and cfg.trainer.placement.colocate_all)  # ipc is chosen or may be
+    shares = asks and engines_share_device(group, engine)
     kind = transport(cfg, gpu, shares)
     if kind == "ipc" and not shares:
         raise RuntimeError(

@@ -11,10 +11,11 @@ boot id) and a receiver takes the one for its own device (`handle_for`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -116,6 +117,22 @@ class SharedBuffer:
         if self.path is not None:
             os.unlink(self.path)
             self.path = None
+
+
+@contextlib.contextmanager
+def shared(bucket: list[tuple[str, Tensor]], device: torch.device | str
+           ) -> Iterator[tuple[dict[str, Any], list[Entry], int]]:
+    """The bucket laid out in a `SharedBuffer` on `device`: yields (handles keyed by device, entries, buffer bytes)
+    for the receivers, and frees the buffer once the block ends (every receiver must be done with it by then). The
+    buffer holds the bytes from the start of the block: the caller may drop the bucket's tensors there."""
+    entries, size = layout(bucket)
+    buffer = SharedBuffer(size, device)
+    try:
+        buffer.fill(bucket, entries)
+        del bucket
+        yield {device_key(device): buffer.handle}, entries, size
+    finally:
+        buffer.close()
 
 
 def _shm_dir() -> str | None:

@@ -148,7 +148,7 @@ class VLLMGenerationEngine(GenerationEngine):
         device and loads the tensors from it in place."""
         from rl.core.generation.shared_weights import with_aliases
 
-        entries = with_aliases([tuple(entry) for entry in entries], self.aliases)
+        entries = with_aliases(entries, self.aliases)
         check_named_shapes(self.weight_shapes, ((name, tuple(shape)) for name, _, shape, _ in entries))
         if entries:
             self.llm.collective_rpc("load_shared_bucket", args=(handles, entries))

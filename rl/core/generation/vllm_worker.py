@@ -6,11 +6,6 @@ from __future__ import annotations
 
 
 class WeightLoader:
-    def _device(self):
-        import torch
-
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
     def load_weight_file(self, path: str) -> int:
         """A bucket from a safetensors file."""
         from safetensors.torch import load_file
@@ -20,9 +15,11 @@ class WeightLoader:
         return len(weights)
 
     def device_key(self) -> str:
+        import torch
+
         from rl.core.generation.shared_weights import device_key
 
-        return device_key(self._device())
+        return device_key("cuda" if torch.cuda.is_available() else "cpu")  # "cuda": this worker's current GPU
 
     def load_shared_bucket(self, handles: dict, entries: list) -> int:
         """A bucket shared by handle (`rl.core.generation.shared_weights`), mapped on this worker's device."""
@@ -30,7 +27,6 @@ class WeightLoader:
 
         from rl.core.generation.shared_weights import load_shared
 
-        entries = [(name, dtype, tuple(shape), offset) for name, dtype, shape, offset in entries]
         bucket = load_shared(handles, entries, self.device_key())
         self.model_runner.reload_weights(weights_iterator=iter(bucket))
         if torch.cuda.is_available():

@@ -3,7 +3,6 @@ row padding) against the single-process oracle: full logits, eager log-softmax a
 metrics and the gradients of the hidden states and of each rank's weight shard must agree."""
 
 import os
-import socket
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ import torch.multiprocessing as mp
 from rl.backends.megatron.chunked_loss import copy_to_group, vocab_parallel_chunked_loss
 from rl.core.algorithms import compute_policy_loss
 from tests.testing.loss_settings import FUSED_LOSS_SETTINGS
+from tests.testing.ports import free_port
 
 VOCAB, PADDED, HIDDEN, TP = 37, 38, 8, 2
 LENGTHS = [5, 1, 9, 4]
@@ -77,10 +77,7 @@ def _worker(rank, port, out_dir):
 @pytest.fixture(scope="module")
 def tp_results(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("tp"))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(_worker, args=(port, out), nprocs=TP)
+    mp.spawn(_worker, args=(free_port(), out), nprocs=TP)
     return [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(TP)]
 
 

@@ -6,13 +6,14 @@ once, under the embedding's name. The same backends' training checkpoints read b
 (`checkpoint_weights`) hold the same weights."""
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from tests.testing.ports import free_port
 
 LAYOUTS = {
     "fsdp2": ("fsdp2", None),
@@ -25,12 +26,6 @@ LAYOUTS = {
     "megatron-dp2": ("megatron", None),
 }
 BUCKET_BYTES = 40_000  # a few parameters per bucket
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _worker(rank: int, port: int, path: str, out: str) -> None:

@@ -3,17 +3,12 @@ buckets of mixed dtypes, odd sizes and shapes (a 0-d tensor, a bf16 tensor of od
 ranks 1 and 2 receiving them bit for bit, beside a default process group that stays untouched."""
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.testing.ports import free_port
 
 
 def _buckets():
@@ -44,7 +39,7 @@ def _member(rank: int, ports: tuple[int, int], out: str) -> None:
 
 def test_buckets_arrive_bit_for_bit(tmp_path):
     out = str(tmp_path / "received")
-    mp.spawn(_member, args=((_free_port(), _free_port()), out), nprocs=3)
+    mp.spawn(_member, args=((free_port(), free_port()), out), nprocs=3)
     for rank in (1, 2):
         received = torch.load(f"{out}.{rank}")
         expected = _buckets()

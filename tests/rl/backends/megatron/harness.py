@@ -8,7 +8,6 @@ global grad norm, so runs of different strategies and layouts can be compared te
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 
 import torch
@@ -17,6 +16,7 @@ import torch.multiprocessing as mp
 
 from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.core.packing import pack_sequences
+from tests.testing.ports import free_port
 
 LENGTHS = ((6, 9, 4, 7), (5, 8, 3, 10))  # sequences given to rank 0 and rank 1 in 2-rank runs
 VOCAB = 61  # odd: TP=2 pads the vocabulary to 62 and must mask the extra column
@@ -84,12 +84,6 @@ def reported(value, layout):
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, (layout, value))
     return [v for lay, v in sorted((e for e in everyone if e[0].reports), key=lambda e: e[0].index)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _gather_grad_buffers(ddp) -> None:

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rl.core.generation import SamplingParams, build_engine
-from rl.core.generation.shared_weights import SharedBuffer, device_key, layout
+from rl.core.generation.shared_weights import device_key, shared
 
 TOLERANCE = 1e-4  # fp32 on both sides; vLLM's CPU kernels sum in another order
 
@@ -102,14 +102,10 @@ def test_bad_names_and_shapes_are_refused_naming_the_tensor(engine, job):
 
 
 def share(engine, bucket, key=None):
-    """One bucket to the engine's workers by handle, as `TrainingWorker.share_weights` sends it."""
-    entries, size = layout(bucket)
-    buffer = SharedBuffer(size, "cpu")
-    try:
-        buffer.fill(bucket, entries)
-        engine.load_shared({key or device_key("cpu"): buffer.handle}, entries)
-    finally:
-        buffer.close()
+    """One bucket to the engine's workers by handle, as `TrainingWorker.share_weights` sends it (`key`: claim the
+    buffer sits on another device)."""
+    with shared(bucket, "cpu") as (handles, entries, _):
+        engine.load_shared({key: next(iter(handles.values()))} if key else handles, entries)
 
 
 def test_shared_buckets_are_checked_and_opened_only_on_their_device(engine):

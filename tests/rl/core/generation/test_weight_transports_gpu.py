@@ -11,12 +11,13 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+
+from tests.testing.ports import free_port
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 BF16_TOLERANCE = 0.15  # nats: vLLM's bf16 kernels against transformers' on the same bf16 weights
@@ -91,7 +92,7 @@ def test_vllm_engine_takes_a_real_model_over_cuda_ipc_and_sleeps(checkpoint):
 
     from rl.backends.weight_sync import bucketed
     from rl.core.generation import SamplingParams, build_engine
-    from rl.core.generation.shared_weights import SharedBuffer, device_key, layout
+    from rl.core.generation.shared_weights import device_key, shared
 
     engine = build_engine("vllm", checkpoint, checkpoint, device="cuda", gpu_memory_utilization=0.35,
                           max_model_len=256)
@@ -108,11 +109,8 @@ def test_vllm_engine_takes_a_real_model_over_cuda_ipc_and_sleeps(checkpoint):
     weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
     started, total = time.perf_counter(), 0
     for bucket in bucketed(weights, 512 << 20):
-        entries, size = layout(bucket)
-        buffer = SharedBuffer(size, "cuda")
-        buffer.fill(bucket, entries)
-        engine.load_shared({device_key("cuda"): buffer.handle}, entries)
-        buffer.close()
+        with shared(bucket, "cuda") as (handles, entries, size):
+            engine.load_shared(handles, entries)
         total += size
     seconds = time.perf_counter() - started
     print(f"CUDA IPC sync of {total / 1e9:.2f} GB: {seconds:.2f} s")
@@ -135,12 +133,6 @@ def test_vllm_engine_takes_a_real_model_over_cuda_ipc_and_sleeps(checkpoint):
     again = engine.generate(prompts, params)
     assert [r.response_ids for r in again] == [r.response_ids for r in after]
     assert [r.rollout_logprobs for r in again] == [r.rollout_logprobs for r in after]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _nccl_member(rank: int, port: int, checkpoint: str, out: str) -> None:
@@ -176,7 +168,7 @@ def _nccl_member(rank: int, port: int, checkpoint: str, out: str) -> None:
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL between two processes needs two GPUs")
 def test_nccl_stream_of_a_real_model_arrives_bit_for_bit_on_another_gpu(checkpoint, tmp_path):
     out = str(tmp_path / "received")
-    mp.spawn(_nccl_member, args=(_free_port(), checkpoint, out), nprocs=2)
+    mp.spawn(_nccl_member, args=(free_port(), checkpoint, out), nprocs=2)
     result = torch.load(out)
     print(f"NCCL stream of {result['bytes'] / 1e9:.2f} GB: {result['s']:.2f} s")
     assert result["missing"] == [] and result["repeated"] == 0 and result["different"] == []
