@@ -39,9 +39,15 @@ def make_tiny_job(directory: str, seed: int = 0) -> TinyJob:
     return TinyJob(model_path=str(job.model_path), train_data=str(job.train_data), val_data=str(job.val_data))
 
 
-def run_train(run_dir: str, overrides: list[str], timeout: int = 600,
-              env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    """The launcher in a subprocess on one torch thread per process (`rl.launch.subprocess_run`)."""
+def run_train(run_dir: str, overrides: list[str], timeout: int = 600, env_extra: dict | None = None,
+              own_ray: bool = False) -> subprocess.CompletedProcess:
+    """The launcher in a subprocess on one torch thread per process (`rl.launch.subprocess_run`), joining the test
+    process's Ray cluster (`ray_cluster.shared_ray_address`). A run with `env_extra` (which the cluster's workers
+    would not see) or `own_ray` starts a Ray instance of its own, as a user's run does."""
     from rl.launch.subprocess_run import run_train as run_launcher
 
+    if not (own_ray or env_extra or any(arg.startswith("--ray_address") for arg in overrides)):
+        from tests.testing.ray_cluster import shared_ray_address
+
+        overrides = [*overrides, f"--ray_address={shared_ray_address()}"]
     return run_launcher(run_dir, overrides, threads=1, timeout=timeout, env_extra=env_extra)
