@@ -13,7 +13,7 @@ import pytest
 import rl
 from rl.core.data import DataError
 from rl.launch.prepare_gsm8k import prepare
-from rl.tasks.gsm8k.shared_data import find_shared_gsm8k
+from tests.testing.shared_data import shared_gsm8k
 
 GOOD = {"question": "What is 2+3?", "answer": "2+3=5\n#### 5"}
 OTHER = {"question": "And 10*100?", "answer": "10*100=1000\n#### 1,000"}
@@ -33,10 +33,7 @@ def count_lines(path: Path) -> int:
 
 @pytest.fixture(scope="module")
 def gsm8k_dir() -> Path:
-    found = find_shared_gsm8k()
-    if found is None:
-        pytest.skip("GSM8K data not found: expected shared/data/gsm8k beside the repository root or $RL_SHARED_DIR")
-    return found
+    return shared_gsm8k()
 
 
 def test_real_files_convert_with_every_row(gsm8k_dir, tmp_path):

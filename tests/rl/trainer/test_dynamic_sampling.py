@@ -72,12 +72,27 @@ def test_off_returns_the_first_batch_untouched():
     assert batch is first and generated == [first] and metrics == {}
 
 
+# Even rows score 1 on every sample (no signal: always dropped); odd rows alternate 0, 1 over the calls, so any
+# n >= 2 consecutive calls (one group, rollouts being prompt-major) differ. The rewards run in the driver in order
+# (reward_num_workers=0), which the counter needs. `even` is logged as reward/split/even: the share of even rows.
+SPLIT_REWARD = """calls = 0
+
+
+def split(response, answer, index):
+    global calls
+    calls += 1
+    even = index % 2 == 0
+    return {"score": 1.0 if even else float(calls % 2), "even": float(even)}
+"""
+
+
 def test_filter_through_the_launcher(tmp_path):
     job = make_tiny_job(str(tmp_path / "job"))
-    parity = tmp_path / "parity.py"  # the untrained policy never solves a problem: a reward that varies anyway
-    parity.write_text("def odd(response, answer):\n    return float(len(response) % 2)\n")
+    reward = tmp_path / "split.py"
+    reward.write_text(SPLIT_REWARD)
     run_dir = str(tmp_path / "run")
-    result = run_train(run_dir, [*job.overrides(steps=2), f"data.reward_fn={parity}:odd",
+    result = run_train(run_dir, [*job.overrides(steps=2), f"data.reward_fn={reward}:split",
+                                 "data.reward_num_workers=0", "data.reward_timeout_s=null",
                                  "trainer.algorithm.dynamic_sampling.type=filter",
                                  "trainer.algorithm.dynamic_sampling.max_sample_batches=20",
                                  "generator.eval_n_samples_per_prompt=3", "trainer.eval_before_train=true",
@@ -87,9 +102,16 @@ def test_filter_through_the_launcher(tmp_path):
     assert {"val_accuracy", "val_pass@3", "val_mean@3"} <= set(rows[0])
     assert rows[0]["val_mean@3"] == pytest.approx(rows[0]["val_accuracy"])
     assert rows[0]["val_pass@3"] >= rows[0]["val_accuracy"]
-    for row in rows[1:]:
-        assert row["dynamic_sampling_batches"] >= 1
-        assert row["dynamic_sampling_dropped_groups"] >= 0
+    steps = [row for row in rows if "loss" in row]
+    assert [row["step"] for row in steps] == [1, 2]
+    for row in steps:
+        # every batch drawn holds train_batch_size=4 groups; exactly its even rows were dropped
+        drawn = 4 * row["dynamic_sampling_batches"]
+        assert row["dynamic_sampling_dropped_groups"] == round(row["reward/split/even"] * drawn), row
+        # filter stops at the first batch that brings the groups with signal to 4 (so it drew more than one batch
+        # in a step that dropped any)
+        assert 4 <= drawn - row["dynamic_sampling_dropped_groups"] < 4 + 4, row
+    assert sum(row["dynamic_sampling_dropped_groups"] for row in steps) > 0
 
 
 def test_groups_that_never_differ_end_the_run_naming_the_bound(tmp_path):

@@ -2,9 +2,12 @@
 send the new weights to the engine in buckets (shared by handle through /dev/shm, the default for an engine on
 the workers' host; one layout through Ray's object store), so at step 2 the engine samples from the weights step 1
 trained and its rollout logprobs equal the trainer's old logprobs of the same weights
-(`rollout_logprob_abs_diff_max`, logged every step with vllm) for every strategy on 2 workers. A stale engine would
-differ by the step's update: at this learning rate that is far above the tolerance (the control row, step 1's
-update, is measured by `ppo_kl` of step 2)."""
+(`rollout_logprob_abs_diff_max`, logged every step with vllm) for every strategy on 2 workers.
+
+The control, in the same run: an engine never synced would sample step 2 from the initial weights, which are the
+reference model's. With the `abs` KL estimator, step 2's `kl` is the mean over the response tokens of
+|logprob(step-1 weights) - logprob(initial weights)|, so a stale engine's gap would be at least `kl` less the
+engine-trainer gap (below TOLERANCE, step 1): `kl` > 2 * TOLERANCE means the sync check would catch it."""
 
 import pytest
 
@@ -32,7 +35,8 @@ def test_engine_samples_from_the_weights_the_workers_trained(job, tmp_path, layo
     overrides = [*job.overrides(steps=2), *LAYOUTS[layout], "generator.backend=vllm",
                  "generator.gpu_memory_utilization=0.2", "trainer.placement.policy_num_gpus_per_node=2",
                  "data.reward_fn=gsm8k_flexible", "trainer.algorithm.use_entropy_loss=true",
-                 "trainer.policy.optimizer_config.lr=1e-2", "generator.weight_sync_bucket_mb=1"]
+                 "trainer.policy.optimizer_config.lr=1e-2", "generator.weight_sync_bucket_mb=1",
+                 "trainer.algorithm.use_kl_loss=true", "trainer.algorithm.kl_estimator_type=abs"]
     result = run_train(run_dir, overrides, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "generation: vllm engine on engine 0:" in result.stdout
@@ -42,3 +46,6 @@ def test_engine_samples_from_the_weights_the_workers_trained(job, tmp_path, layo
         assert rows[step]["rollout_logprob_abs_diff_max"] < TOLERANCE, (step, rows[step])
         assert rows[step]["sync_buckets"] >= 2 and rows[step]["sync_bytes"] > 1 << 20  # 1 MiB buckets
     assert rows[1]["grad_norm"] > 0
+    # the control: at step 1 policy and reference are the same weights; step 1's update moved step 2's logprobs
+    assert rows[1]["kl"] < TOLERANCE, rows[1]
+    assert rows[2]["kl"] > 2 * TOLERANCE, rows[2]

@@ -202,6 +202,7 @@ def _state_round_trip(info, options: dict, model_path: str, vocab: int, director
     weights_numel = sum(p.numel() for p in first.model.parameters())
     _train_once(first, batch)
     first.save_checkpoint(os.path.join(directory, "ckpt"))
+    saved_logprobs = reported(first.logprobs(batch)[0], first.data_parallel_rank())[0]  # of the saved weights
     expected = _train_once(first, batch)
     expected_state = first.full_state_dict()
     trained_logprobs = reported(first.logprobs(batch)[0], first.data_parallel_rank())[0]
@@ -216,7 +217,7 @@ def _state_round_trip(info, options: dict, model_path: str, vocab: int, director
 
     parallel_state.destroy_model_parallel()
     return {"expected": expected, "got": got, "expected_state": expected_state, "got_state": got_state,
-            "export": export, "trained_logprobs": trained_logprobs, "batch": batch,
+            "export": export, "trained_logprobs": trained_logprobs, "saved_logprobs": saved_logprobs, "batch": batch,
             "optimizer_numel": optimizer_numel, "weights_numel": weights_numel}
 
 

@@ -64,13 +64,19 @@ def test_checkpoint_restores_training_and_export_loads_in_transformers(model_pat
                                                              batch.prediction_targets()))
     # trained_logprobs: the first backend after its second step, whose weights the restored backend reproduced
     torch.testing.assert_close(exported[mask], result["trained_logprobs"][mask], rtol=0, atol=1e-5)
-    # the training checkpoint converts to HF too (weights after the first step)
+    assert not torch.allclose(before[mask], exported[mask], atol=1e-4), "the export must hold trained weights"
+    # the training checkpoint converts to HF too: transformers on the converted weights gives the logprobs megatron
+    # gave with the weights it saved (after the first step; the second step moved them, so this is no other step's)
     from rl.backends.megatron.hf_io import megatron_checkpoint_to_hf
 
     converted = os.path.join(os.path.dirname(result["export"]), "ckpt_hf")
     megatron_checkpoint_to_hf(os.path.join(os.path.dirname(result["export"]), "ckpt"), converted)
-    assert AutoModelForCausalLM.from_pretrained(converted).config.vocab_size == VOCAB
-    assert not torch.allclose(before[mask], exported[mask], atol=1e-4), "the export must hold trained weights"
+    with torch.no_grad():
+        restored = PackedBatch.align_to_targets(token_logprobs(
+            _per_sequence_logits(AutoModelForCausalLM.from_pretrained(converted).eval(), batch),
+            batch.prediction_targets()))
+    torch.testing.assert_close(restored[mask], result["saved_logprobs"][mask], rtol=0, atol=1e-5)
+    assert not torch.allclose(restored[mask], exported[mask], atol=1e-4), "the checkpoint holds the first step's"
 
 
 def _per_sequence_logits(model, batch: PackedBatch) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""The GSM8K verifier against the published data (read in place beside the repository; skipped when absent)."""
+"""The GSM8K verifier against the published data (read in place beside the repository; skipped when absent, failed
+when absent under CI)."""
 
 import json
 from pathlib import Path
@@ -7,7 +8,7 @@ import pytest
 
 from rl.core.rewards import REWARD_FUNCTIONS
 from rl.tasks import rewards as _task_rewards  # noqa: F401  (registers the tasks' reward functions)
-from rl.tasks.gsm8k.shared_data import find_shared_gsm8k
+from tests.testing.shared_data import shared_file, shared_gsm8k
 
 MODEL_KEYS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
 MIN_LABEL_AGREEMENT = 0.99
@@ -15,10 +16,7 @@ MIN_LABEL_AGREEMENT = 0.99
 
 @pytest.fixture(scope="module")
 def gsm8k_dir() -> Path:
-    found = find_shared_gsm8k()
-    if found is None:
-        pytest.skip("GSM8K data not found: expected shared/data/gsm8k beside the repository root or $RL_SHARED_DIR")
-    return found
+    return shared_gsm8k()
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -38,10 +36,7 @@ def reference_rows(gsm8k_dir) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def model_solutions(gsm8k_dir, reference_rows) -> list[dict]:
-    path = gsm8k_dir / "example_model_solutions.jsonl"
-    if not path.is_file():
-        pytest.skip(f"{path} is absent")
-    rows = read_jsonl(path)
+    rows = read_jsonl(shared_file(gsm8k_dir, "example_model_solutions.jsonl"))
     assert [row["question"] for row in rows] == [row["question"] for row in reference_rows]
     return rows
 
