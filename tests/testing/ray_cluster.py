@@ -18,6 +18,10 @@ import tempfile
 
 LOGICAL_CPUS = 12  # 4 workers and 2-4 engines at most in one run, with room for reward and reference actors
 
+# Every actor of a run has a runtime_env of its own and cannot use idle workers started ahead, which would only take
+# the cores the run's actors start on.
+NO_PRESTART = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+
 _cluster = None
 
 
@@ -38,7 +42,7 @@ def shared_ray_address() -> str:
         try:
             _cluster = Cluster(initialize_head=True, shutdown_at_exit=False,
                                head_node_args={"num_cpus": LOGICAL_CPUS, "num_gpus": 0, "include_dashboard": False,
-                                               "temp_dir": files})
+                                               "temp_dir": files, "_system_config": NO_PRESTART})
         finally:
             os.environ.clear()
             os.environ.update(saved)

@@ -22,7 +22,8 @@ def ray_with_gpus():
     import ray
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=GPUS, num_gpus=GPUS, include_dashboard=False, logging_level="ERROR")
+    # "local": a new instance even while another process's cluster (a test's shared one) is the machine's latest
+    ray.init(address="local", num_cpus=GPUS, num_gpus=GPUS, include_dashboard=False, logging_level="ERROR")
     yield ray
     ray.shutdown()
 
