@@ -1,7 +1,7 @@
 """GPU kernel benchmark: achieved memory bandwidth of every kernel (CUDA and Triton) as a fraction of the device's
 peak, and the fused GRPO loss (forward+backward) against eager torch and, when importable, Liger-Kernel.
 
-    bazel run //bench:kernels_gpu -- [--tokens 8192 --vocab 32768 --hidden 4096 --peak_gbps 3350]
+    bazel run //bench:kernels_gpu -- [--tokens 8192 --vocab 32768 --hidden 4096 --peak_gbps 3350] [--json FILE]
     python -m bench.kernels_gpu --help
 
 Needs a CUDA GPU (exits with a message otherwise). Peak bandwidth comes from --peak_gbps, else a table of known
@@ -225,6 +225,7 @@ def main(argv=None) -> int:
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--seq_len", type=int, default=1024)
     parser.add_argument("--peak_gbps", type=float, default=None, help="device peak memory bandwidth in GB/s")
+    parser.add_argument("--json", default=None, help="also write every figure to this JSON file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench/kernels_gpu.py needs a CUDA GPU and none is visible; on CPU run bench/kernels_cpu_memory.py")
@@ -235,13 +236,43 @@ def main(argv=None) -> int:
         f"{torch.cuda.get_device_name()}: peak {peak:.0f} GB/s ({source}); device copy {measured:.0f} GB/s "
         f"({measured / peak:.0%} of peak)"
     )
-    print(format_table(["op", "impl", "ms", "GB/s", "of peak"], bandwidth_rows(args, peak)))
+    bandwidth = bandwidth_rows(args, peak)
+    print(format_table(["op", "impl", "ms", "GB/s", "of peak"], bandwidth))
     print("goal: >= 70% of peak for the memory-bound kernels")
     rows = loss_rows(args)
     base = {row[0]: row[2] for row in rows if row[1] == "eager torch"}
     table = [[*row, f"{base[row[0]] / row[2]:.2f}x" if isinstance(row[2], float) else "-"] for row in rows]
     print(format_table(["path", "impl", "ms fwd+bwd", "speed-up vs eager"], table))
+    if args.json:
+        write_json(args, measured, peak, source, bandwidth, rows, base)
     return 0
+
+
+def write_json(args, measured, peak, source, bandwidth, rows, base) -> None:
+    """The figures printed above, for reports: n/a cells stay strings (their reason)."""
+    import json
+
+    import triton
+
+    figures = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "config": {k: v for k, v in vars(args).items() if k != "json"},
+        "peak_gbps": peak,
+        "peak_source": source,
+        "copy_gbps": measured,
+        "bandwidth": [dict(zip(("op", "impl", "ms", "gbps", "of_peak"), row, strict=True)) for row in bandwidth],
+        "loss": [
+            {"path": row[0], "impl": row[1], "ms": row[2],
+             "speedup_vs_eager": base[row[0]] / row[2] if isinstance(row[2], float) else None}
+            for row in rows
+        ],
+    }
+    with open(args.json, "w") as f:
+        json.dump(figures, f, indent=1)
+    print(f"figures written to {args.json}")
 
 
 if __name__ == "__main__":

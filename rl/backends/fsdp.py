@@ -56,22 +56,26 @@ class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
             device_mesh=device_mesh(device, self.dist.world_size, options.fsdp_size) if hybrid else None,
             cpu_offload=(CPUOffload(offload_params=True) if offloads(options, device.type, self.dist.is_main)
                          else None),
-            mixed_precision=(MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            # Every unit casts its inputs: a LoRA model's frozen weights stay outside FSDP on one-rank shard groups
+            # (fp32 activations) while its adapter units compute in bf16.
+            mixed_precision=(MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                            cast_forward_inputs=True)
                              if device.type == "cuda" else None),
             device_id=device,
             use_orig_params=True,
-            ignored_states=self._ignored(model, hybrid),
+            ignored_states=self._ignored(model, options.fsdp_size if hybrid else self.dist.world_size),
         )
         if self.trainable:
             self.make_optimizer([p for p in self.model.parameters() if p.requires_grad])
         else:
             self.model.requires_grad_(False)
 
-    def _ignored(self, model: torch.nn.Module, hybrid: bool) -> list[torch.nn.Parameter] | None:
-        """A LoRA model's frozen weights on one rank stay outside FSDP. There FSDP1 falls back to NO_SHARD, which
-        keeps every weight whole anyway, and its NO_SHARD views of frozen flat parameters are left as plain tensors
-        after a forward (gone from the state dict; a tied one fails its own assertion)."""
-        if not self.spec.lora or hybrid or self.dist.world_size > 1:
+    def _ignored(self, model: torch.nn.Module, shard_size: int) -> list[torch.nn.Parameter] | None:
+        """A LoRA model's frozen weights stay outside FSDP when a shard group is one rank (one worker, or hybrid
+        sharding with `fsdp_size=1`). There FSDP1 falls back to NO_SHARD, which keeps every weight whole anyway, and
+        its NO_SHARD views of frozen flat parameters are left as plain tensors after a forward (gone from the state
+        dict; a tied one fails its own assertion). The frozen weights are the same on every rank: nothing to sync."""
+        if not self.spec.lora or shard_size > 1:
             return None
         return [p for p in model.parameters() if not p.requires_grad]
 

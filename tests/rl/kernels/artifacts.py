@@ -1,4 +1,5 @@
-"""Locating build outputs from a test: Bazel runfiles (cwd) first, then bazel-bin of the checkout."""
+"""Locating build outputs from a test: $RL_BAZEL_BIN (a directory laid out like bazel-bin, for builds made without
+Bazel, e.g. tools/gpu_acceptance.sh) first, then Bazel runfiles (cwd), then bazel-bin of the checkout."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 
 def find(relative: str) -> str:
-    for root in (os.getcwd(), os.path.join(REPO, "bazel-bin")):
+    for root in (os.environ.get("RL_BAZEL_BIN", ""), os.getcwd(), os.path.join(REPO, "bazel-bin")):
         path = os.path.join(root, relative)
-        if os.path.exists(path):
+        if root and os.path.exists(path):
             return path
     pytest.skip(f"{relative} is not built (bazel build //rl/kernels/...)")
 

@@ -12,7 +12,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _load_extension():
-    path = os.path.join(HERE, "axpy_ext.so")
+    # Next to this file in Bazel's runfiles; $RL_BAZEL_BIN/tests/third_party/cuda/ for builds made without Bazel.
+    built = os.path.join(os.environ.get("RL_BAZEL_BIN", ""), "tests", "third_party", "cuda", "axpy_ext.so")
+    path = built if os.environ.get("RL_BAZEL_BIN") and os.path.exists(built) else os.path.join(HERE, "axpy_ext.so")
     spec = importlib.util.spec_from_file_location("axpy_ext", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
