@@ -1,0 +1,40 @@
+"""The parity contract for the features that change how a step is computed, end to end through the real launcher:
+ZeRO-3, the fused chunked loss (`trainer.policy.use_fused_kernels`) under fsdp2 and megatron, Ulysses over both
+workers (`trainer.policy.sequence_parallel_size=2`) under fsdp2 and fsdp, and megatron's context parallelism
+(`megatron_config.context_parallel_size=2`) run the same steps as fsdp2 on 1 worker with packing and end with the same
+weights. Run and comparison as in test_trainer_parity (`tests.testing.parity`).
+"""
+
+import pytest
+
+from tests.testing.parity import REFERENCE, assert_same_run, run_layout
+from tests.testing.tiny_job import make_tiny_job
+
+ZERO3 = ("deepspeed_config.train.zero_optimization.stage=3",)
+FUSED = ("trainer.policy.use_fused_kernels=true",)
+ULYSSES = ("trainer.policy.sequence_parallel_size=2",)  # one data-parallel shard split over the two workers
+CONTEXT = ("trainer.policy.megatron_config.context_parallel_size=2",)  # megatron's counterpart
+LAYOUTS = {
+    "deepspeed-2w-zero3": ("deepspeed", 2, True, ZERO3),
+    "fsdp2-2w-fused-loss": ("fsdp2", 2, True, FUSED),
+    "megatron-2w-fused-loss": ("megatron", 2, True, FUSED),
+    "fsdp2-2w-ulysses": ("fsdp2", 2, True, ULYSSES),
+    "fsdp-2w-ulysses": ("fsdp", 2, True, ULYSSES),
+    "megatron-2w-context-parallel": ("megatron", 2, True, CONTEXT),
+}
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    return make_tiny_job(str(tmp_path_factory.mktemp("job")))
+
+
+@pytest.fixture(scope="module")
+def reference(job, tmp_path_factory):
+    return run_layout(str(tmp_path_factory.mktemp("reference")), job, REFERENCE)
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_steps_and_final_weights_match_the_reference(job, reference, tmp_path, name):
+    got = run_layout(str(tmp_path / "run"), job, LAYOUTS[name])
+    assert_same_run(reference, got, job, name)
