@@ -78,7 +78,7 @@ class ClassifierReward:
                 texts[start : start + self.batch_size], padding=True, return_tensors="pt"
             ).to(self.device)
             logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            scores.extend(logits[:, 0].float().tolist())
+            scores.extend(logits[:, 0].double().tolist())  # exact for every dtype: a float64 model keeps its digits
         return scores
 
 

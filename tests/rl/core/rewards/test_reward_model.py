@@ -23,6 +23,7 @@ from transformers import (
 
 from rl.core.rewards.reward_model import PATH_KEY, ClassifierReward
 from rl.tasks.embedded.tokenizer import build_tokenizer
+from tests.testing import tolerances
 
 TEXTS = [
     ("What is 2 + 3?", " 5"),
@@ -74,9 +75,27 @@ def save(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, path: Path)
 
 
 def alone(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, text: str) -> float:
-    """The oracle: the model on one unpadded text."""
+    """The oracle: the model on one unpadded text, in float64 (the checkpoint's float32 weights widen exactly)."""
     with torch.no_grad():
-        return float(model(**tokenizer(text, return_tensors="pt")).logits[0, 0])
+        return float(model.double()(**tokenizer(text, return_tensors="pt")).logits[0, 0])
+
+
+def assert_scores_match(scores: list[float], expected: list[float], model: torch.nn.Module, length: int) -> None:
+    """Batched and single scores, both computed in float64, differ only by summation order.
+
+    The score passes through, per layer, two norms and four projections over the hidden size, the MLP's reduction
+    over its inner size, one over a head's width and two over the sequence (softmax, weighted sum), then a norm and
+    the score head. `tolerances.network_rtol` bounds two orders of that chain; the condition allowance of 1e3 covers
+    the cancellation of a random network's terms. The bound (~1e-10) is far below the ~1e-1 a text read at a padded
+    position or with shifted positions moves a score, and far below float32's rounding, which any CPU kernel path
+    reaches with a batched matmul.
+    """
+    c = model.config
+    inner = getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None) or 4 * c.hidden_size
+    per_layer = [c.hidden_size] * 6 + [inner, c.hidden_size // c.num_attention_heads, length, length]
+    rtol = tolerances.network_rtol(per_layer * c.num_hidden_layers + [c.hidden_size] * 2, torch.float64,
+                                   condition=1e3)
+    assert scores == pytest.approx(expected, rel=rtol, abs=rtol * max(abs(x) for x in expected))
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -88,13 +107,13 @@ def test_batched_scores_equal_each_text_alone(tmp_path, padding_side, arch):
     path = save(model, tokenizer, tmp_path / "rm")
     assert AutoTokenizer.from_pretrained(path).padding_side == padding_side  # the default the class must override
 
-    reward = ClassifierReward(str(path), batch_size=4)
+    reward = ClassifierReward(str(path), batch_size=4, dtype=torch.float64)
     scores = reward.score([p for p, _ in TEXTS], [r for _, r in TEXTS])
 
     expected = [alone(model, tokenizer, p + r) for p, r in TEXTS]
     lengths = {len(tokenizer(p + r)["input_ids"]) for p, r in TEXTS}
     assert len(lengths) > 2  # the batches really are padded
-    assert scores == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert_scores_match(scores, expected, model, max(lengths))
     assert len(set(scores)) == len(scores)  # the texts are told apart, not all read at one position
 
 
@@ -105,12 +124,13 @@ def test_tokenizer_without_pad_token_pads_with_eos(tmp_path):
     tokenizer.pad_token = None
     path = save(model, tokenizer, tmp_path / "rm")
 
-    reward = ClassifierReward(str(path), batch_size=4)
+    reward = ClassifierReward(str(path), batch_size=4, dtype=torch.float64)
     assert reward.tokenizer.pad_token == tokenizer.eos_token
     assert reward.model.config.pad_token_id == tokenizer.eos_token_id
 
     scores = reward.score([p for p, _ in TEXTS], [r for _, r in TEXTS])
-    assert scores == pytest.approx([alone(model, tokenizer, p + r) for p, r in TEXTS], rel=1e-5, abs=1e-6)
+    length = max(len(tokenizer(p + r)["input_ids"]) for p, r in TEXTS)
+    assert_scores_match(scores, [alone(model, tokenizer, p + r) for p, r in TEXTS], model, length)
 
 
 def test_causal_lm_directory_is_refused(tmp_path):

@@ -1,0 +1,131 @@
+"""The one rule for comparing two floating-point computations of the same quantity.
+
+Two computations of one value in different orders (batched vs single, sharded vs whole, fused vs eager, another CPU
+kernel path) differ by rounding only. Each bound below follows from the dtype's unit roundoff and the size of the
+computation, so it holds on every machine; none is a number fitted to one machine's kernels.
+
+- Unit roundoff u: the largest relative error of one rounding, 2^-p for a p-bit significand (float64 2^-53,
+  float32 2^-24, bfloat16 2^-8, float16 2^-11).
+- A sum of k terms computed in any order has error <= gamma_k * sum|terms| (Higham, Accuracy and Stability of
+  Numerical Algorithms, 2nd ed., Lemma 3.1 and eq. 3.5), gamma_k = k*u / (1 - k*u). Two orders each lie within that
+  of the exact sum, so they differ by <= 2 * gamma_k * sum|terms|. A chain of reductions (a network: matmul after
+  matmul) compounds as gamma_{k1} + gamma_{k2} + ... <= gamma_{k1+k2+...} relative to the sums of |terms| met
+  along the way (Higham eq. 3.8 and Lemma 3.3).
+- A value stored in a lower precision (a bf16 result of an fp32 computation) is rounded once more: two results
+  whose fp32 values agree to within e differ by <= e + 2 * u_bf16 * |value| after rounding (each rounding moves
+  its value by at most u|value|).
+- Adam divides each gradient by its own running magnitude, so an element whose gradient is near its rounding error
+  can flip its update from +lr to -lr: see `adam_gap`.
+
+Where the code can run both sides in float64, that is the cleanest use of this rule: the bound is then ~1e-13
+relative, orders of magnitude below any real bug, and no CPU kernel path can approach it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+UNIT_ROUNDOFF = {
+    torch.float64: 2.0**-53,
+    torch.float32: 2.0**-24,
+    torch.bfloat16: 2.0**-8,
+    torch.float16: 2.0**-11,
+}
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """u: the largest relative error of rounding one real number to `dtype` (round to nearest)."""
+    return UNIT_ROUNDOFF[dtype]
+
+
+def gamma(k: int, dtype: torch.dtype) -> float:
+    """Higham's gamma_k = k*u / (1 - k*u): the relative error bound of a k-term sum or dot product in any order,
+    relative to the sum of the terms' magnitudes. Valid while k*u < 1."""
+    ku = k * unit_roundoff(dtype)
+    if ku >= 1:
+        raise ValueError(f"gamma_{k} is unbounded in {dtype}: k*u = {ku} >= 1")
+    return ku / (1 - ku)
+
+
+def reordered_sum_gap(k: int, abs_sum: float | torch.Tensor, dtype: torch.dtype) -> float | torch.Tensor:
+    """Largest gap between two computations of the same k-term sum in different orders: 2 * gamma_k * sum|terms|."""
+    return 2 * gamma(k, dtype) * abs_sum
+
+
+def network_rtol(reductions: Sequence[int], dtype: torch.dtype, condition: float = 1.0) -> float:
+    """Relative gap bound of two evaluations of a network whose output passes through reductions of the given sizes
+    (one entry per matmul, attention sum, softmax/norm sum on the path from input to output).
+
+    Each reduction contributes gamma_k relative to its sum of |terms|; chained, they add up to at most
+    gamma_{sum k}, twice for two orders. `condition` bounds sum|terms| / |result| along the path: 1 when terms
+    share a sign, larger when they cancel. Compare with `atol = rtol * scale` where scale is the magnitude of the
+    compared values (not an element that happens to be near zero).
+    """
+    return 2 * gamma(sum(reductions), dtype) * condition
+
+
+def rounded_gap(value: torch.Tensor, inner_gap: float | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Gap of two results that agree to within `inner_gap` before each is rounded to `dtype` (a bf16 output of an
+    fp32 kernel): inner_gap + 2 * u(dtype) * |value|."""
+    return inner_gap + 2 * unit_roundoff(dtype) * value.abs().float()
+
+
+def assert_within(got: torch.Tensor, want: torch.Tensor, bound: float | torch.Tensor, msg: str = "") -> None:
+    """Element-wise |got - want| <= bound (a scalar or a tensor like `want`), reporting the worst element."""
+    got, want = got.detach().double(), want.detach().double()
+    assert got.shape == want.shape, f"{msg}: shape {tuple(got.shape)} vs {tuple(want.shape)}"
+    bound = torch.as_tensor(bound, dtype=torch.float64).expand_as(want)
+    excess = (got - want).abs() - bound
+    worst = int(excess.argmax()) if excess.numel() else 0
+    if excess.numel() and float(excess.flatten()[worst]) > 0:
+        g, w, b = (float(t.flatten()[worst]) for t in (got, want, bound))
+        bad = int((excess > 0).sum())
+        raise AssertionError(f"{msg}: {bad} of {want.numel()} elements out of bound; worst at {worst}: "
+                             f"got {g!r}, want {w!r}, |gap| {abs(g - w):.3g} > bound {b:.3g}")
+
+
+def adam_weights(betas: tuple[float, float], step: int) -> tuple[list[float], list[float]]:
+    """Bias-corrected weights a_i, b_i of gradient i (1-based, i <= step) in Adam's m_hat and v_hat at `step`:
+    m_hat = sum a_i g_i, v_hat = sum b_i g_i^2."""
+    b1, b2 = betas
+    a = [(1 - b1) * b1 ** (step - i) / (1 - b1**step) for i in range(1, step + 1)]
+    b = [(1 - b2) * b2 ** (step - i) / (1 - b2**step) for i in range(1, step + 1)]
+    return a, b
+
+
+def adam_gap(grads: Sequence[torch.Tensor], grad_gaps: Sequence[torch.Tensor | float], lr: float,
+             betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> torch.Tensor:
+    """Per-element bound on how far two runs of Adam(W) (no weight decay) drift apart in T steps when run 2's
+    gradients differ from run 1's `grads` (the oracle's, per step) by at most `grad_gaps` (same shapes, or scalars).
+
+    Step t moves a weight by lr * u_t, u_t = N/D with N = sum a_i g_i, D = sqrt(sum b_i g_i^2) + eps
+    (`adam_weights`). With gradient errors |d_i| <= r_i:
+      |N' - N| <= sum a_i r_i,   |sqrt(V') - sqrt(V)| <= s = sqrt(sum b_i r_i^2)   (triangle inequality, weighted
+      L2 norm),   D' >= max(D - s, eps),
+    so |u' - u| <= (sum a_i r_i + |u| s) / max(D - s, eps). Both |u| and |u'| are at most
+    sqrt(sum a_i^2 / b_i) (Cauchy-Schwarz), so the gap is also capped at twice that: a gradient buried in its
+    rounding noise can flip the update's sign (about 2 lr), one far above it moves the update by ~lr*r/|g|.
+    The weights drift by at most lr * sum_t |u'_t - u_t|.
+    """
+    total = torch.zeros_like(grads[0], dtype=torch.float64)
+    for t in range(1, len(grads) + 1):
+        a, b = adam_weights(betas, t)
+        g = [x.double() for x in grads[:t]]
+        r = [torch.as_tensor(x, dtype=torch.float64).expand_as(g[0]) for x in grad_gaps[:t]]
+        n = sum(ai * gi for ai, gi in zip(a, g, strict=True))
+        d = torch.sqrt(sum(bi * gi * gi for bi, gi in zip(b, g, strict=True))) + eps
+        s = torch.sqrt(sum(bi * ri * ri for bi, ri in zip(b, r, strict=True)))
+        dn = sum(ai * ri for ai, ri in zip(a, r, strict=True))
+        cap = 2 * math.sqrt(sum(ai * ai / bi for ai, bi in zip(a, b, strict=True)))
+        total += torch.minimum((dn + (n / d).abs() * s) / torch.clamp(d - s, min=eps), torch.tensor(cap))
+    return lr * total
+
+
+def adam_update_rtol(dtype: torch.dtype) -> float:
+    """Relative gap of one Adam update computed by two implementations (fused or not) from the same m, v: the
+    moments' two multiply-adds, the square root, the add of eps, the division and the bias corrections each round
+    once, so each update is within ~8u of exact; two implementations differ by <= 16u relative to |lr * u_t|."""
+    return 16 * unit_roundoff(dtype)
