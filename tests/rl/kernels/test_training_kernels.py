@@ -43,7 +43,8 @@ def _assert_same_step(got: dict, want: dict, model_path: str) -> None:
     layers the per-logit gradient's difference flows back through bounds their relative gap. The compared values
     are means of per-token terms no larger than max(1, log V) (normalized advantages times ratios near 1,
     entropies <= log V), the scale of the absolute bound."""
-    config = json.load(open(f"{model_path}/config.json"))
+    with open(f"{model_path}/config.json", encoding="utf-8") as f:
+        config = json.load(f)
     hidden, layers = config["hidden_size"], config["num_hidden_layers"]
     positions = config["max_position_embeddings"]
     per_layer = [hidden] * 6 + [config["intermediate_size"], hidden // config["num_attention_heads"], positions,
