@@ -8,6 +8,7 @@ the optimizer and its schedule — lives here, so a strategy module only says ho
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -248,12 +249,29 @@ class TrainingBackend(abc.ABC):
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
     def optimizer_step(self) -> dict[str, float]:
+        """Clips and steps; a non-finite gradient norm (the same on every rank: it is reduced over all of them) is
+        never applied: the gradients are dropped, the schedule does not advance, and `skipped_steps` says so."""
         grad_norm = self.clip_grad_norm()
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
+        skipped = not math.isfinite(grad_norm)
+        if not skipped:
+            self.optimizer.step()
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": grad_norm, "lr": lr}
+        return {"grad_norm": grad_norm, "lr": lr, "skipped_steps": float(skipped)}
+
+    def weights_finite(self) -> bool:
+        """Whether every weight this rank holds (its own shard) is finite; what a checkpoint is committed on."""
+        return weights_finite(self.model.parameters())
+
+
+def weights_finite(params: Iterable[Tensor]) -> bool:
+    """Whether every tensor (a DTensor by its local shard) holds only finite values."""
+    for param in params:
+        local = param.to_local() if hasattr(param, "to_local") else param
+        if local.numel() and not bool(torch.isfinite(local.detach()).all()):
+            return False
+    return True
 
 
 def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:

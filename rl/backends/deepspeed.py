@@ -8,12 +8,13 @@ and the optimizer step happens at the accumulation boundary the trainer marks.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 
 from torch import Tensor
 
-from rl.backends.base import TrainingBackend
+from rl.backends.base import TrainingBackend, weights_finite
 from rl.backends.deepspeed_config import merged_section
 from rl.backends.hf_model import load_causal_lm
 from rl.backends.lora import add_lora, is_adapter, with_base, write_adapter_config
@@ -68,10 +69,20 @@ class DeepSpeedBackend(TrainingBackend):
         self.engine.backward(loss)
 
     def optimizer_step(self) -> dict[str, float]:
+        """ZeRO's optimizers skip a step whose reduced gradients are not finite (and report an inf norm); without
+        ZeRO the reduced gradients are whole on every rank, so every rank drops a non-finite one here alike."""
         lr = self.engine.get_lr()[0]
+        if self.zero_stage == 0 and not weights_finite(p.grad for p in self.model.parameters() if p.grad is not None):
+            self.engine.zero_grad()
+            return {"grad_norm": math.nan, "lr": lr, "skipped_steps": 1.0}
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
-        return {"grad_norm": float(norm) if norm is not None else 0.0, "lr": lr}
+        norm = float(norm) if norm is not None else 0.0
+        return {"grad_norm": norm, "lr": lr, "skipped_steps": float(not math.isfinite(norm))}
+
+    def weights_finite(self) -> bool:
+        """This rank's own weights: under ZeRO-3 its partition of each parameter."""
+        return weights_finite(getattr(p, "ds_tensor", p) for p in self.model.parameters())
 
     def save_checkpoint(self, path: str) -> None:
         # A LoRA policy's checkpoint holds its adapters (and their optimizer state); the base stays at model.path.

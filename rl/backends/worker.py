@@ -71,6 +71,10 @@ class TrainingWorker:
     def save_checkpoint(self, path: str) -> None:
         self.policy.save_checkpoint(path)
 
+    def weights_finite(self) -> bool:
+        """Whether this rank's own shard of the policy's weights is finite (no collective)."""
+        return self.policy.weights_finite()
+
     def load_checkpoint(self, path: str) -> None:
         self.policy.load_checkpoint(path)
 

@@ -8,7 +8,10 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import signal
 import sys
+import threading
+from collections.abc import Callable
 from typing import Any
 
 
@@ -45,24 +48,32 @@ def _module_from_file(path: str, key: str):
         raise UserCodeError(f"{key}: {path} cannot be loaded as a Python module (it should end in .py)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
+    sigints = real_sigints()
     try:
-        spec.loader.exec_module(module)
-    except Exception as error:
+        with counting_sigints():
+            spec.loader.exec_module(module)
+    except (Exception, SystemExit, KeyboardInterrupt) as error:
         del sys.modules[module_name]
-        raise UserCodeError(f"{key}: importing {path} failed: {type(error).__name__}: {error}") from error
+        if not user_raised(error, sigints):
+            raise
+        raise UserCodeError(f"{key}: importing {path} failed: {exit_text(error)}") from error
     return module
 
 
 def _module_by_name(name: str, key: str):
+    sigints = real_sigints()
     try:
-        return importlib.import_module(name)
+        with counting_sigints():
+            return importlib.import_module(name)
     except ModuleNotFoundError as error:
         if error.name and name.startswith(error.name):
             raise UserCodeError(f"{key}: no module named '{name}' on the Python path; give a file path "
                                 "('path/to/file.py:name') or install the package") from error
         raise UserCodeError(f"{key}: importing {name} failed: {error}") from error
-    except Exception as error:
-        raise UserCodeError(f"{key}: importing {name} failed: {type(error).__name__}: {error}") from error
+    except (Exception, SystemExit, KeyboardInterrupt) as error:
+        if not user_raised(error, sigints):
+            raise
+        raise UserCodeError(f"{key}: importing {name} failed: {exit_text(error)}") from error
 
 
 def load_object(reference: str, key: str) -> Any:
@@ -75,3 +86,70 @@ def load_object(reference: str, key: str) -> Any:
         found = sorted(n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n)))
         raise UserCodeError(f"{key}: {where} has no '{name}'" + (f"; it defines: {', '.join(found)}" if found else ""))\
             from None
+
+
+# --- user code that tries to end the process -----------------------------------------------------------------------
+# `SystemExit` and `KeyboardInterrupt` raised by user code become named errors; only a SIGINT that really arrived
+# (counted by `counting_sigints`) stays the user's Ctrl-C.
+_SIGINTS = [0]
+
+
+def real_sigints() -> int:
+    """How many SIGINTs arrived while `counting_sigints` was in effect."""
+    return _SIGINTS[0]
+
+
+def _count_sigint(signum, frame) -> None:
+    _SIGINTS[0] += 1
+    raise KeyboardInterrupt
+
+
+class counting_sigints:
+    """Within: a real SIGINT is counted (and raises KeyboardInterrupt as usual). Only in the main thread, and only
+    over Python's default handler (another handler is left as it is)."""
+
+    def __enter__(self):
+        self.installed = (threading.current_thread() is threading.main_thread()
+                          and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+        if self.installed:
+            signal.signal(signal.SIGINT, _count_sigint)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def user_raised(error: BaseException, sigints_before: int) -> bool:
+    """Whether `error` comes from user code: any Exception, a SystemExit, or a KeyboardInterrupt while no real
+    SIGINT arrived since `real_sigints()` was `sigints_before`."""
+    if isinstance(error, KeyboardInterrupt):
+        return real_sigints() == sigints_before
+    return isinstance(error, Exception | SystemExit)
+
+
+def exit_text(error: BaseException) -> str:
+    """An error as a message shows it; a SystemExit or KeyboardInterrupt with what it would have done instead."""
+    if isinstance(error, SystemExit):
+        return (f"it called sys.exit({error.code!r}) (SystemExit); user code may not end the run, raise an exception "
+                "instead")
+    if isinstance(error, KeyboardInterrupt):
+        return "it raised KeyboardInterrupt; user code may not end the run, raise an exception instead"
+    return f"{type(error).__name__}: {error}"
+
+
+def call_guarded(fn: Callable, *args, **kwargs):
+    """`fn(*args, **kwargs)` with a SystemExit, or a KeyboardInterrupt that no real SIGINT caused, turned into
+    `UserExit` (a real Ctrl-C still raises KeyboardInterrupt)."""
+    sigints = real_sigints()
+    try:
+        with counting_sigints():
+            return fn(*args, **kwargs)
+    except (SystemExit, KeyboardInterrupt) as error:
+        if not user_raised(error, sigints):
+            raise
+        raise UserExit(exit_text(error)) from error
+
+
+class UserExit(RuntimeError):
+    """User code raised SystemExit or KeyboardInterrupt (not a real Ctrl-C): an error that ends the run."""

@@ -13,7 +13,7 @@ from rl.core.algorithms import LossSettings
 from rl.core.algorithms.reward_shaping import overlong_penalty, pass_and_mean_at_k
 from rl.core.config import config_to_dict
 from rl.core.data import BatchPosition, batches_per_epoch, iter_batches
-from rl.trainer import checkpoint, components
+from rl.trainer import checkpoint, components, finite
 from rl.trainer.engines import RemoteEngines
 from rl.trainer.episodes import Episodes
 from rl.trainer.experience import build_experience
@@ -26,29 +26,36 @@ from rl.trainer.rollout_mismatch import measure_and_correct, skips_old_logprob_p
 from rl.trainer.rollout_queue import RolloutQueue
 from rl.trainer.sampling import ScoredBatch, collect_step_batch
 from rl.trainer.sources import resolve_sources
+from rl.trainer.startup import StartupClock
 from rl.trainer.weight_sync import make_weight_sync
+from rl.trainer.worker_start import StartedWorkers, setup_worker_groups, start_workers
 
 
 class Trainer:
-    def __init__(self, cfg, run_dir: str):
+    def __init__(self, cfg, run_dir: str, started: StartedWorkers | None = None, clock: StartupClock | None = None):
+        """`started`: the placement and worker actors already started (`start_workers`), or None to start them
+        here; `clock` is charged with the phases of the start."""
         from transformers import AutoTokenizer
 
         self.cfg, self.run_dir = cfg, run_dir
+        clock = clock or StartupClock()
+        self.placement, self.group, self.ref_group = started or start_workers(cfg)
         sources = resolve_sources(cfg, run_dir)
         self.model_path = sources.model_path
+        clock.mark("sources")
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.train_set, self.val_set = components.load_datasets(cfg, sources.train_data, sources.val_data)
         self.episodes = Episodes.from_config(cfg, self.tokenizer, self.model_path)
         self.settings = LossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
-        self.placement = components.make_placement(cfg)
-        print(f"placement: {self.placement.describe()}", flush=True)
+        clock.mark("data")
         # an environment's step rewards replace data.reward_fn
         self.rewards = None if self.episodes is not None else RewardScorer(
             cfg.data, start_reward_models(cfg, cfg.data.reward_fn, cfg.trainer.actor_call_timeout_s,
                                           self.placement.guest_options()))
         self.engine = components.make_engine(cfg, self.model_path, self.tokenizer, self.placement)
         print(f"generation: {cfg.generator.backend} engine on {self.engine.device}", flush=True)
-        self.group, self.ref_group = components.make_worker_groups(cfg, self.model_path, self.placement)
+        clock.mark("engine")
+        setup_worker_groups(cfg, self.model_path, self.group, self.ref_group)
         print("training workers: " + ", ".join(f"rank {r}: {p}" for r, p in enumerate(self.group.places)), flush=True)
         if self.ref_group is not None:
             print("reference workers: " + ", ".join(f"rank {r}: {p}" for r, p in enumerate(self.ref_group.places)),
@@ -75,6 +82,7 @@ class Trainer:
         self.rollout_queue = (RolloutQueue(self.engine, self.draw_batch, self.encode_batch, self.step_params,
                                            asynchronous.max_staleness_steps) if asynchronous.enabled else None)
         self.current_step = 0  # the step in progress (for the message of an interrupted run)
+        clock.mark("workers")
 
     def actors(self) -> list[tuple[object, str]]:
         """(Ray actor handle, which worker or engine it is) of every actor built so far."""
@@ -170,12 +178,19 @@ class Trainer:
     def score(self, records, rollouts) -> tuple[torch.Tensor, dict[str, float]]:
         """`reward_of` plus the overlong penalty: what training sees."""
         rewards, row = self.reward_of(records, rollouts)
+        finite.non_finite_rewards(rewards, rollouts, records, self.reward_source(), self.cfg.trainer.non_finite)
         band = self.cfg.trainer.algorithm.overlong_buffer
         if band.len:
             lengths = torch.tensor([len(r.response_ids) for r in rollouts])
             rewards = rewards + overlong_penalty(lengths, self.cfg.generator.max_generate_length, band.len,
                                                  band.penalty_factor)
         return rewards, row
+
+    def reward_source(self) -> str:
+        """What scores the rollouts, as a message names it."""
+        if self.episodes is not None:
+            return f"environment.env_class {self.cfg.environment.env_class}"
+        return "data.reward_fn"
 
     def train_step(self, step: int) -> dict:
         cfg, started = self.cfg, time.perf_counter()
@@ -193,6 +208,12 @@ class Trainer:
             draw, algo.dynamic_sampling, cfg.trainer.train_batch_size, cfg.generator.n_samples_per_prompt,
             _seed(cfg, step))
         generated_at = time.perf_counter()
+        if not bool(torch.isfinite(batch.rewards).all()):  # trainer.non_finite=skip: no update from this batch
+            row = {"skipped_steps": 1.0, **_merge_reward_rows(reward_rows), **self.sync_weights(step)}
+            all_rewards = torch.cat([b.rewards for b in generated])
+            row.update(step=step, reward_mean=finite.finite_rewards_mean(all_rewards),
+                       step_time_s=time.perf_counter() - started)
+            return row
         experience = build_experience(batch.rollouts, batch.rewards, algo.advantage_estimator, algo.grpo_norm_by_std,
                                       algo.gamma, algo.lambd, cfg.generator.apply_overlong_filtering)
         scored = time.perf_counter()
@@ -202,6 +223,7 @@ class Trainer:
         mismatch = measure_and_correct(experience, algo.off_policy_correction)
         mini = cfg.trainer.policy_mini_batch_size * cfg.generator.n_samples_per_prompt
         row = update_policy(self.group, self.train_batching, self.settings, experience, mini)
+        finite.check_update(step, row, cfg.trainer.non_finite)
         row.update(mismatch)
         row.update(queue_row)
         row.update(sampling_row)
@@ -259,6 +281,9 @@ class Trainer:
     def save_checkpoint(self, step: int) -> None:
         staging = checkpoint.staging_dir(self.ckpt_root, step)
         self.group.call("save_checkpoint", staging)
+        unfinite = [rank for rank, ok in enumerate(self.group.call("weights_finite")) if not ok]
+        if unfinite:  # never marked COMPLETE: resume cannot pick it
+            raise finite.NonFiniteError(finite.non_finite_weights_line(step, unfinite))
         crash_point("checkpoint_written", step)
         state = {"step": step, "epoch": self.position.epoch, "index": self.position.index,
                  "strategy": self.cfg.trainer.strategy, "model_path": _absolute(self.model_path)}

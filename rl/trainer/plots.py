@@ -8,13 +8,11 @@ from rl.trainer.metrics import read_metrics
 
 
 def plot_curves(run_dir: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: no GUI backend to import or select
 
     rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     for key, style in (("reward_mean", "-"), ("val_accuracy", "o-")):
         points = [(row["step"], row[key]) for row in rows if key in row]
         if points:
@@ -26,5 +24,4 @@ def plot_curves(run_dir: str) -> str:
     ax.set_title(os.path.basename(os.path.abspath(run_dir)))
     path = os.path.join(run_dir, "curves.png")
     fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
     return path

@@ -67,6 +67,6 @@ def update_policy(group: WorkerGroup, batching: MicroBatching, settings: LossSet
             for name, value in shard.items():
                 metrics[name] = metrics.get(name, 0.0) + value
         metrics.update(results[0][1])  # grad norm and LR: the same on every rank
-        for name, value in metrics.items():
-            totals[name] = totals.get(name, 0.0) + value / len(starts)
+        for name, value in metrics.items():  # skipped optimizer steps are counted, the rest averaged
+            totals[name] = totals.get(name, 0.0) + (value if name == "skipped_steps" else value / len(starts))
     return totals

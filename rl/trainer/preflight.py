@@ -90,10 +90,12 @@ def _model_problems(cfg) -> list[str]:
 def _reward_model_problems(cfg) -> list[str]:
     """The models of trainer.reward that data.reward_fn lists: present, a one-label classifier, a judge template
     and pattern that parse."""
+    found, reward = [], cfg.trainer.reward
+    if not {"reward_model", "llm_judge"} & set(cfg.data.reward_fn):
+        return found  # nothing to check, and the model stack (transformers) stays unimported until Ray is up
     from rl.core.rewards.judge import check_pattern, check_template
     from rl.core.rewards.reward_model import ClassifierReward
 
-    found, reward = [], cfg.trainer.reward
     if "reward_model" in cfg.data.reward_fn and reward.model.path is not None:
         found += _model_path_problems("trainer.reward.model.path", reward.model.path)
         if not found and _looks_local(reward.model.path):

@@ -37,6 +37,7 @@ class RewardOutcome:
 
     value: tuple[float, dict[str, float]] | None
     error: str | None
+    fatal: bool = False  # the function raised SystemExit or KeyboardInterrupt: the run ends
 
 
 class RewardStartError(RuntimeError):
@@ -116,7 +117,8 @@ class RewardPool:
                     self._replace(worker)
                     continue
                 _, status, value = answer
-                outcomes[job_id] = RewardOutcome(value, None) if status == "ok" else RewardOutcome(None, value)
+                outcomes[job_id] = (RewardOutcome(value, None) if status == "ok"
+                                    else RewardOutcome(None, value, fatal=status == "fatal"))
                 worker.job = None
             now = time.monotonic()
             for worker in [w for w in self.workers if w.job is not None and w.job[1] <= now]:

@@ -44,8 +44,13 @@ def receive(stream: IO[bytes]) -> Any:
 
 
 def main() -> None:
+    import signal
+
     from rl.backends.lifeline import exit_with_parent
 
+    # A Ctrl-C in a terminal reaches the whole process group: the driver stops these processes, so they ignore it
+    # (no KeyboardInterrupt tracebacks of theirs in the run's log).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     exit_with_parent()  # a hung reward must not outlive the run
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
@@ -54,17 +59,20 @@ def main() -> None:
     references = receive(jobs)
     try:
         from rl.core.rewards.functions import call_reward, failure_text, load_reward_function
+        from rl.core.user_code import UserExit, exit_text
         from rl.tasks import rewards as _task_rewards  # noqa: F401  (registers the tasks' reward functions)
 
         functions = [load_reward_function(reference) for reference in references]
-    except Exception as error:  # reported to the driver, which names the key
-        send(answers, ("failed", f"{type(error).__name__}: {error}"))
+    except (Exception, SystemExit, KeyboardInterrupt) as error:  # reported to the driver, which names the key
+        send(answers, ("failed", exit_text(error)))
         return
     send(answers, "ready")
     while (job := receive(jobs)) is not None:
         job_id, index, response, answer, fields = job
         try:
             send(answers, (job_id, "ok", call_reward(functions[index], response, answer, fields)))
+        except UserExit as error:  # ends the run whatever data.reward_on_error says
+            send(answers, (job_id, "fatal", str(error)))
         except Exception as error:  # the driver decides: zero and count it, or end the run
             send(answers, (job_id, "error", failure_text(error)))
 

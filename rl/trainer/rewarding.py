@@ -20,6 +20,7 @@ from rl.core.rewards.functions import (
     load_reward_function,
     reward_specs,
 )
+from rl.core.user_code import UserExit
 from rl.trainer.reward_pool import RewardJob, RewardOutcome, RewardPool
 
 SHOWN_ERRORS = 3  # error lines printed per step with reward_on_error=zero (all are counted)
@@ -77,6 +78,8 @@ class RewardScorer:
             try:
                 value = call_reward(self.functions[job.function], job.response, job.answer, job.fields)
                 outcomes.append(RewardOutcome(value, None))
+            except UserExit as error:  # ends the run whatever data.reward_on_error says
+                outcomes.append(RewardOutcome(None, str(error), fatal=True))
             except Exception as error:  # handled as data.reward_on_error says
                 outcomes.append(RewardOutcome(None, failure_text(error)))
         return outcomes
@@ -106,6 +109,9 @@ class RewardScorer:
         errors = []
         for spec, column in zip(self.specs, outcomes, strict=True):
             for b, outcome in enumerate(column):
+                if outcome.fatal:
+                    raise RewardError(f"data.reward_fn: {spec.reference} on {describe_row(records[b])}: "
+                                      f"{outcome.error}")
                 if outcome.error is not None:
                     errors.append(f"data.reward_fn: {spec.reference} failed on {describe_row(records[b])}: "
                                   f"{outcome.error}")

@@ -9,6 +9,7 @@ from rl.core.config import save_config
 from rl.trainer import checkpoint
 from rl.trainer.plots import plot_curves
 from rl.trainer.preflight import preflight
+from rl.trainer.startup import StartupClock
 
 
 class Interrupted(Exception):
@@ -76,27 +77,39 @@ def prepare_run_dir(run_dir: str, resume_mode: str) -> str:
     return run_dir
 
 
-def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None) -> str:
+def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None,
+                 clock: StartupClock | None = None) -> str:
     """Trains as configured; returns the run directory. What this machine must provide is checked first
-    (`preflight`: nothing is created before it passes); Ray is shut down on success, error and Ctrl-C."""
+    (`preflight`: nothing is created before it passes); Ray is shut down on success, error and Ctrl-C. `clock`
+    (by default, from the start of the process) times the start, printed once before the first step."""
     import torch
     from ray.exceptions import RayActorError, RayTaskError
 
-    from rl.trainer.loop import Trainer
+    from rl.trainer.finite import NonFiniteError
     from rl.trainer.placement import machine_cores, make_plan
     from rl.trainer.rewarding import RewardError
     from rl.trainer.sampling import SamplingExhausted
     from rl.trainer.waiting import ActorHung
     from rl.trainer.worker_group import start_ray, stop_ray
+    from rl.trainer.worker_start import start_workers
 
+    clock = clock or StartupClock()
+    clock.mark("imports")
     preflight(cfg, ray_address)
     run_dir = prepare_run_dir(run_dir or default_run_dir(), cfg.trainer.resume_mode)
     save_config(cfg, os.path.join(run_dir, "config.yaml"))
     print(f"run directory: {run_dir}", flush=True)
+    clock.mark("preflight")
     start_ray(run_dir, ray_address, slots=make_plan(cfg, torch.cuda.is_available(), machine_cores()).slots)
+    clock.mark("ray")
     trainer = None
     try:
-        trainer = Trainer(cfg, run_dir)
+        started = start_workers(cfg)  # their processes come up while the driver imports and loads the rest
+        from rl.trainer.loop import Trainer
+
+        clock.mark("trainer imports")
+        trainer = Trainer(cfg, run_dir, started, clock)
+        print(clock.line(), flush=True)
         trainer.fit()
     except KeyboardInterrupt:
         step = trainer.current_step if trainer is not None else 0
@@ -108,7 +121,7 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
             raise
         latest = checkpoint.latest(trainer.ckpt_root, log=lambda _: None) if trainer is not None else None
         raise ActorFailed(what, trainer.current_step if trainer is not None else 0, latest) from None
-    except (RewardError, SamplingExhausted) as error:
+    except (RewardError, SamplingExhausted, NonFiniteError) as error:
         latest = checkpoint.latest(trainer.ckpt_root, log=lambda _: None)
         raise RunFailed(str(error), trainer.current_step, latest) from None
     finally:

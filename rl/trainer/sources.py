@@ -1,7 +1,8 @@
 """Resolves where the model and the prompts come from: paths as given, or the embedded default job.
 
 `trainer.policy.model.path=embedded` and data lists holding `embedded` select the built-in job: a small model made
-locally with the project's own tokenizer, briefly warmed up on a synthetic task written in GSM8K's answer format.
+locally with the project's own tokenizer, briefly warmed up on a synthetic task written in GSM8K's answer format
+(once per machine: the warmed-up model is kept in a per-user cache, `rl.tasks.embedded.cache`).
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ def uses_embedded(cfg) -> bool:
 def resolve_sources(cfg, run_dir: str) -> Sources:
     model_path, train, val = cfg.trainer.policy.model.path, list(cfg.data.train_data), list(cfg.data.val_data or [])
     if uses_embedded(cfg):
+        from rl.tasks.embedded.cache import default_cache_dir
         from rl.tasks.embedded.prepare import prepare_embedded_default
 
-        job = prepare_embedded_default(os.path.join(run_dir, "embedded"), seed=cfg.trainer.seed)
+        job = prepare_embedded_default(os.path.join(run_dir, "embedded"), seed=cfg.trainer.seed,
+                                       cache_dir=default_cache_dir())
         model_path = job.model_path if model_path == EMBEDDED else model_path
         train = [job.train_data if path == EMBEDDED else path for path in train]
         val = [job.val_data if path == EMBEDDED else path for path in val]

@@ -43,8 +43,11 @@ def start_ray(run_dir: str, address: str | None, slots: int = 0) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
         return
+    # no idle workers started ahead: every actor of a run has a runtime_env of its own and cannot use them, and on a
+    # small machine they take the cores the run's actors start on
     ray.init(_temp_dir=_ray_temp_dir(run_dir), include_dashboard=False, num_cpus=max(os.cpu_count() or 1, 2, slots),
-             log_to_driver=True, configure_logging=False)
+             log_to_driver=True, configure_logging=False,
+             _system_config={"prestart_worker_first_driver": False, "enable_worker_prestart": False})
 
 
 def stop_ray() -> None:
@@ -87,9 +90,18 @@ class WorkerGroup:
         actor = ray.remote(TrainingWorker)
         self.actors = [actor.options(**options(rank)).remote(rank, num_workers, seed) for rank in range(num_workers)]
         self.size = num_workers
-        self.places = ray.get([a.where.remote() for a in self.actors])
+        self._places = [a.where.remote() for a in self.actors]  # started, not waited for: see `places`
         self.timeout_s: float | None = None  # trainer.actor_call_timeout_s
         self.role = "training worker"
+
+    @property
+    def places(self) -> list[str]:
+        """Where each actor runs; the first use waits for the actors to be up."""
+        import ray
+
+        if self._places and not isinstance(self._places[0], str):
+            self._places = ray.get(self._places)
+        return self._places
 
     @property
     def labels(self) -> list[str]:

@@ -346,6 +346,7 @@ BAD = {
                                 "data.reward_weights", ("1 weight(s) for 2 reward function(s)",)),
     "reward_timeout_in_driver": Bad(["data.reward_num_workers=0"], "data.reward_timeout_s", ("cannot be enforced",)),
     "reward_on_error_unknown": Bad(["data.reward_on_error=ignore"], "data.reward_on_error", ("fail, zero",)),
+    "non_finite_unknown": Bad(["trainer.non_finite=ignore"], "trainer.non_finite", ("fail, skip",)),
     "reward_fn_empty_list": Bad(["data.reward_fn=[]"], "data.reward_fn", ("is empty",)),
     "dynamic_sampling_unknown": Bad(["trainer.algorithm.dynamic_sampling.type=filtr"],
                                     "trainer.algorithm.dynamic_sampling.type", ("did you mean 'filter'?",)),

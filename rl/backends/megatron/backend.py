@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 from collections.abc import Iterator
 
@@ -260,10 +261,14 @@ class MegatronBackend(TrainingBackend):
 
     def optimizer_step(self) -> dict[str, float]:
         lr = self.optimizer.lr
-        grad_norm = self.clip_grad_norm()
+        grad_norm = self.clip_grad_norm()  # reduced over every rank: they all skip a non-finite one together
+        skipped = not math.isfinite(grad_norm)
         with cpu_compat(self.dist.device):
-            self.optimizer.step()
-        return {"grad_norm": grad_norm, "lr": lr}
+            if skipped:
+                self.optimizer.drop_grads()
+            else:
+                self.optimizer.step()
+        return {"grad_norm": grad_norm, "lr": lr, "skipped_steps": float(skipped)}
 
     def _move_state(self, device: torch.device) -> None:
         """GPU only: megatron's DDP buffers hold the weights (with the distributed optimizer) and the grads, so they

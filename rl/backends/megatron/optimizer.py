@@ -108,6 +108,14 @@ class MegatronAdam:
                 megatron_optimizer.clip_grad_by_total_norm_fp32(params, max_norm, norm)
         return norm
 
+    def drop_grads(self) -> None:
+        """Fresh grad buffers without an update (a step skipped for a non-finite gradient norm)."""
+        for chunk in self.ddp:
+            chunk.zero_grad_buffer()
+        self.megatron.zero_grad()
+        if self.host is not None:
+            self.host.zero_grad()
+
     def step(self) -> None:
         """The update (then, with the distributed optimizer, the all-gather of the new weights over DP), the LR
         schedule's step, and fresh grad buffers."""

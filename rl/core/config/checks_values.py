@@ -118,6 +118,7 @@ RULES: tuple[Rule, ...] = (
     optional(at_least("generator.max_input_length", 2)),
     optional(above("data.reward_timeout_s", 0)),
     one_of("data.reward_on_error", choices.REWARD_ON_ERROR),
+    one_of("trainer.non_finite", choices.NON_FINITE),
     one_of("generator.backend", choices.GENERATOR_BACKENDS),
     optional(one_of("generator.weight_sync_backend", choices.WEIGHT_SYNC_BACKENDS)),
     *(at_least(f"generator.{name}", 1) for name in ("num_inference_engines", "inference_engine_tensor_parallel_size",

@@ -19,6 +19,8 @@ KERNELS = ("auto", "torch", "triton", "cuda")
 LOGGERS = ("console", "tensorboard", "wandb")
 DYNAMIC_SAMPLING_TYPES = ("filter", "replace")
 REWARD_ON_ERROR = ("fail", "zero")
+NON_FINITE = ("fail", "skip")
+"""`trainer.non_finite`: what a non-finite reward, loss or gradient norm does (`rl.trainer.finite`)."""
 LORA_INIT_METHODS = ("kaiming", "gaussian")
 MODEL_REWARDS = ("reward_model", "llm_judge")
 """data.reward_fn names of the models of trainer.reward (the classifier, the judge)."""

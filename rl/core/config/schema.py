@@ -279,6 +279,12 @@ class TrainerConfig:
     eval_before_train: bool
     """Evaluate once before the first training step."""
 
+    non_finite: str
+    """A non-finite reward (from an environment), loss or gradient norm is never applied: `fail` (the default) ends
+    the run naming where it came from (the environment and row, or the step); `skip` skips that step's update on
+    every rank (the gradients are dropped, `skipped_steps` counts it in the metrics) and goes on. Checkpoints are
+    committed only when every rank's weights are finite."""
+
     resume_mode: str
     """`none` starts fresh, `latest` resumes the newest complete checkpoint in ckpt_path (fresh if none), any other
     value is the path of a checkpoint directory to resume, which must exist."""

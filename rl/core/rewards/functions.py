@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl.core.rewards.registry import REWARD_FUNCTIONS
-from rl.core.user_code import is_reference, load_object
+from rl.core.user_code import call_guarded, is_reference, load_object
 
 
 class RewardValueError(ValueError):
@@ -60,6 +60,9 @@ def check_signature(fn: Any, reference: str, key: str) -> None:
     """`fn(response, answer, ...)`: two positional parameters first; any others must be keyword-passable."""
     if not callable(fn):
         raise ValueError(f"{key}: '{reference}' is a {type(fn).__name__}, not a function")
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise ValueError(f"{key}: '{reference}' is an async function; reward functions are called synchronously "
+                         "(in the reward processes, which run them side by side): define it with plain 'def'")
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # builtins without a signature: trust them
@@ -117,8 +120,9 @@ def _number(value: Any, what: str) -> float:
 
 
 def call_reward(fn: Callable, response: str, answer: str, fields: Mapping[str, Any]) -> tuple[float, dict[str, float]]:
-    """One call, its result read: `(score, extras)`; raises what `fn` raises, or `RewardValueError`."""
-    return read_result(fn(response, answer, **keyword_fields(fn, fields)))
+    """One call, its result read: `(score, extras)`; raises what `fn` raises, `RewardValueError`, or `UserExit`
+    for a SystemExit or KeyboardInterrupt it raised (which ends the run whatever data.reward_on_error says)."""
+    return read_result(call_guarded(fn, response, answer, **keyword_fields(fn, fields)))
 
 
 def failure_text(error: BaseException) -> str:

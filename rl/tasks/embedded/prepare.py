@@ -3,7 +3,8 @@
 Layout of `workdir`: `data/train.parquet`, `data/validation.parquet` (the prompt-file layout `rl.core.data` reads)
 and `model/` (an HF checkpoint with the tokenizer). `model/` is built in a temporary directory and renamed into
 place with its marker file `embedded.json` written last, so a half-built checkpoint is never used; a call whose
-recipe matches the marker of an existing checkpoint reuses it.
+recipe matches the marker of an existing checkpoint reuses it. With a `cache_dir` the checkpoint is copied from a
+per-user cache entry (`rl.tasks.embedded.cache`), built there first when it is missing or damaged.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rl.tasks.embedded.cache import cached_checkpoint, file_digests
 from rl.tasks.embedded.model import build_model, save_pretrained_model, tiny_model_config
 from rl.tasks.embedded.task import SPLIT_FILES, make_task_rows, write_task_dataset
 from rl.tasks.embedded.tokenizer import build_tokenizer
@@ -58,8 +60,10 @@ def prepare_embedded_default(
     seed: int = DEFAULT_SEED,
     warmup_steps: int = WARMUP_STEPS,
     log: Callable[[str], None] | None = print,
+    cache_dir: str | Path | None = None,
 ) -> EmbeddedDefault:
-    """Write the task data and build the warmed-up model under `workdir`, or reuse what a previous call built."""
+    """Write the task data and build the warmed-up model under `workdir`, or reuse what a previous call built;
+    with `cache_dir`, the model comes from (and is built once in) that cache."""
     root = Path(workdir).expanduser()
     recipe = Recipe(seed=seed, warmup_steps=warmup_steps)
     data_dir, model_dir = root / "data", root / "model"
@@ -73,7 +77,9 @@ def prepare_embedded_default(
         if log is not None:
             log(f"embedded default: reusing {model_dir} (greedy validation accuracy {metrics['val_accuracy']:.3f})")
     else:
-        metrics = build_checkpoint(model_dir, recipe, log)
+        metrics = copy_from_cache(model_dir, recipe, Path(cache_dir), log) if cache_dir is not None else None
+        if metrics is None:
+            metrics = build_checkpoint(model_dir, recipe, log)
     return EmbeddedDefault(model_path=model_dir, train_data=train_path, val_data=val_path, metrics=metrics)
 
 
@@ -104,11 +110,29 @@ def build_checkpoint(model_dir: Path, recipe: Recipe, log: Callable[[str], None]
     staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
     try:
         metrics = warm_up_model(staging, recipe, log)
-        (staging / MARKER).write_text(json.dumps({"recipe": asdict(recipe), "metrics": metrics}, indent=2) + "\n")
+        marker = {"recipe": asdict(recipe), "metrics": metrics, "files": file_digests(staging)}
+        (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         install(staging, model_dir, recipe)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return metrics
+
+
+def copy_from_cache(model_dir: Path, recipe: Recipe, cache_dir: Path, log: Callable[[str], None] | None
+                    ) -> dict[str, float] | None:
+    """Install a copy of the cache's verified entry for `recipe` as `model_dir`; its metrics, or None where the
+    cache cannot be written."""
+    entry = cached_checkpoint(recipe, cache_dir, lambda directory: build_checkpoint(directory, recipe, log), log)
+    if entry is None:
+        return None
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
+    try:
+        shutil.copytree(entry, staging, dirs_exist_ok=True)
+        install(staging, model_dir, recipe)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return read_marker(model_dir)["metrics"]
 
 
 def warm_up_model(directory: Path, recipe: Recipe, log: Callable[[str], None] | None) -> dict[str, float]:

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from rl.launch.subprocess_run import kill_group, start_train
 from tests.testing.tiny_job import make_tiny_job
 
@@ -26,7 +28,10 @@ def _processes_mentioning(text: str) -> list[str]:
     return [line for line in out.splitlines() if text in line and "ps -eo" not in line]
 
 
-def test_ctrl_c_ends_with_one_line_and_leaves_no_ray_process(tmp_path):
+@pytest.mark.parametrize("whole_group", [False, True], ids=["launcher", "terminal"])
+def test_ctrl_c_ends_with_one_line_and_leaves_no_ray_process(tmp_path, whole_group):
+    """`terminal`: the SIGINT a terminal sends to the whole process group (the reward processes included, which
+    ignore it: the driver stops them)."""
     job = make_tiny_job(str(tmp_path / "job"))
     run_dir = str(tmp_path / "run")
     log = open(tmp_path / "launcher.log", "w+")  # noqa: SIM115  (read after the run, closed below)
@@ -37,14 +42,17 @@ def test_ctrl_c_ends_with_one_line_and_leaves_no_ray_process(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach step 2"
             time.sleep(0.5)
         ray_dir = os.path.realpath(os.path.join(run_dir, "ray"))
-        os.kill(proc.pid, signal.SIGINT)
+        if whole_group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=120) == 130
         log.seek(0)
         output = log.read()
         last = output.strip().splitlines()[-1]
         assert re.fullmatch(r"interrupted at step \d+; last complete checkpoint: .*global_step_\d+ \(resume with "
                             r"trainer\.resume_mode=latest\)", last), last
-        assert "Traceback" not in output
+        assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
         time.sleep(3)
         assert not _processes_mentioning(ray_dir), "Ray processes outlived the launcher"
     finally:

@@ -18,6 +18,7 @@ from tests.testing.tiny_job import make_tiny_job, run_train
 REWARDS = textwrap.dedent("""
     import math
     import os
+    import sys
     import time
 
     def exact(response, answer):
@@ -52,6 +53,19 @@ REWARDS = textwrap.dedent("""
 
     def one_argument(response):
         return 0.0
+
+    def exits(response, answer):
+        if response == "bad":
+            sys.exit(0)
+        return 1.0
+
+    def interrupts(response, answer):
+        if response == "bad":
+            raise KeyboardInterrupt
+        return 1.0
+
+    async def coroutine(response, answer):
+        return 1.0
 
     def hashes(response, answer):
         # the tiny job's answers carry a '####' marker: reward each one, so the random policy gets signal early
@@ -146,6 +160,22 @@ def test_on_error_fail_names_the_function_and_row(reward_file, name, why):
     assert "data.reward_on_error=zero" in str(error.value)
 
 
+@pytest.mark.parametrize("name,why", [("exits", "it called sys.exit(0) (SystemExit)"),
+                                      ("interrupts", "it raised KeyboardInterrupt")])
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_reward_that_tries_to_exit_ends_the_run_naming_it(reward_file, name, why, workers):
+    """Whatever data.reward_on_error says, in the driver or in a reward process."""
+    scorer = RewardScorer(_Cfg(reward_fn=f"{reward_file}:{name}", on_error="zero", reward_num_workers=workers,
+                               timeout=None if workers == 0 else 5.0))
+    try:
+        with pytest.raises(RewardError) as error:
+            scorer.score(["good", "bad"], _records(2))
+    finally:
+        scorer.close()
+    assert str(error.value) == (f"data.reward_fn: {reward_file}:{name} on train.parquet row 1: {why}; user code "
+                                "may not end the run, raise an exception instead")
+
+
 def test_a_missing_row_field_is_named(reward_file):
     scorer = RewardScorer(_Cfg(reward_fn=f"{reward_file}:by_level", on_error="fail"))
     records = [PromptRecord(prompt="q", answer="1", data_source="unit", index=0, where="a.jsonl line 1")]
@@ -162,6 +192,7 @@ def test_a_missing_row_field_is_named(reward_file):
     ("{dir}/absent.py:f", "absent.py does not exist"),
     ("no_such_package.rewards:f", "no module named 'no_such_package.rewards'"),
     ("gsm8", "Did you mean 'gsm8k'?"),
+    ("{file}:coroutine", "is an async function; reward functions are called synchronously"),
 ])
 def test_bad_references_are_refused_before_anything_starts(reward_file, tmp_path, capsys, reference, message):
     reference = reference.format(file=reward_file, dir=os.path.dirname(reward_file))
@@ -199,3 +230,12 @@ def test_a_failing_reward_ends_the_run_naming_it(reward_file, tmp_path):
     assert f"data.reward_fn: {failing}:grade failed on " in result.stderr
     assert "KeyError: 'no grader for" in result.stderr and "at step 1" in result.stderr
     assert "Traceback" not in result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("statement,why", [("sys.exit(0)", "it called sys.exit(0) (SystemExit)"),
+                                           ("raise KeyboardInterrupt", "it raised KeyboardInterrupt")])
+def test_a_module_that_exits_on_import_is_refused(tmp_path, capsys, statement, why):
+    exits = tmp_path / "exits.py"
+    exits.write_text(f"import sys\n{statement}\n")
+    printed = launch_refused(str(tmp_path / "run"), [f"data.reward_fn={exits}:f"], capsys)
+    assert f"data.reward_fn: importing {exits} failed: {why}; user code may not end the run" in printed, printed

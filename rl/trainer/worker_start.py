@@ -1,0 +1,75 @@
+"""Starting the training workers before the driver loads anything else: the actors' processes import and come up
+while the driver imports the generation stack, reads the prompts and builds its engine; the models are built once
+the model path is known (`setup_worker_groups`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import NamedTuple
+
+import torch
+
+from rl.backends.base import ModelSpec
+from rl.backends.registry import STRATEGIES
+from rl.trainer.placement import Placement, machine_cores, make_plan
+from rl.trainer.worker_group import WorkerGroup
+
+ACTOR_ENV = {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def make_placement(cfg) -> Placement:
+    return Placement(make_plan(cfg, torch.cuda.is_available(), machine_cores()), ACTOR_ENV)
+
+
+def model_specs(cfg, model_path: str) -> tuple[ModelSpec, ModelSpec | None]:
+    """What each worker builds: the policy, and the reference when the KL loss needs one; the strategy supplies its
+    own settings for each (`StrategyConfig.backend_options`)."""
+    trainer, opt, strategy = cfg.trainer, cfg.trainer.policy.optimizer_config, STRATEGIES.get(cfg.trainer.strategy)
+    common = {"path": model_path, "temperature": cfg.generator.temperature, "kernels": trainer.kernels,
+              "fused_kernels": trainer.policy.use_fused_kernels,
+              "fused_chunk_size": trainer.policy.fused_kernel_chunk_size,
+              "sequence_parallel_size": trainer.policy.sequence_parallel_size}
+    lora = trainer.policy.model.lora
+    policy = ModelSpec(
+        role="policy", gradient_checkpointing=trainer.gradient_checkpointing, lr=opt.lr,
+        weight_decay=opt.weight_decay, betas=tuple(opt.betas), max_grad_norm=opt.max_grad_norm,
+        lr_warmup_steps=opt.lr_warmup_steps, backend_options=strategy.backend_options(cfg, "policy"),
+        lora=dataclasses.asdict(lora) if lora.rank > 0 else None, **common)
+    if not trainer.algorithm.use_kl_loss or policy.lora:  # a LoRA policy is its own reference (adapters off)
+        return policy, None
+    return policy, ModelSpec(role="ref", backend_options=strategy.backend_options(cfg, "ref"), **common)
+
+
+class StartedWorkers(NamedTuple):
+    placement: Placement
+    group: WorkerGroup  # the policy's workers (holding the reference too, unless `ref_group` does)
+    ref_group: WorkerGroup | None  # the reference's workers, where the plan gives it workers of its own
+
+
+def start_workers(cfg) -> StartedWorkers:
+    """The run's placement and its worker actors: started, not waited for."""
+    placement = make_placement(cfg)
+    print(f"placement: {placement.describe()}", flush=True)
+    plan = placement.plan
+    group = WorkerGroup(plan.workers, seed=cfg.trainer.seed, options=_options(placement.worker_options, plan))
+    ref_group = (WorkerGroup(plan.ref_workers, seed=cfg.trainer.seed,
+                             options=_options(placement.ref_worker_options, plan)) if plan.ref_workers else None)
+    return StartedWorkers(placement, group, ref_group)
+
+
+def setup_worker_groups(cfg, model_path: str, group: WorkerGroup, ref_group: WorkerGroup | None) -> None:
+    """Every worker builds its models: the policy (and the reference, unless it has a group of its own)."""
+    backend = STRATEGIES.get(cfg.trainer.strategy).backend
+    policy, ref = model_specs(cfg, model_path)
+    group.setup(backend, policy, None if ref_group is not None else ref)
+    if ref_group is not None:
+        ref_group.setup(backend, None, ref)
+
+
+def _options(placed, plan):
+    """Ray options of a worker rank: its bundle, and its cores or thread count."""
+    if plan.worker_cores:
+        return placed  # pinned to the cores the engines leave
+    threads = 1 if torch.cuda.is_available() else max(1, (os.cpu_count() or 1) // (plan.workers + plan.ref_workers))
+    return lambda rank: {**placed(rank), "runtime_env": {"env_vars": {**ACTOR_ENV, "OMP_NUM_THREADS": str(threads)}}}

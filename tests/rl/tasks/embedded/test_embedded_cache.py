@@ -1,0 +1,106 @@
+"""The per-user cache of the warmed-up embedded model: built once, copied into later run dirs, verified on reuse
+(a damaged entry is rebuilt), keyed by recipe, seed and code, and skipped with a warning where it cannot be written."""
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rl.tasks.embedded import cache
+from rl.tasks.embedded.cache import CACHE_ENV, default_cache_dir, entry_key
+from rl.tasks.embedded.prepare import Recipe, prepare_embedded_default
+
+SEED, STEPS = 5, 2  # a warm-up of two steps: the cache's bookkeeping, not the model's quality, is under test
+
+
+def weights(model_dir):
+    return load_file(model_dir / "model.safetensors")
+
+
+def same_weights(first, second) -> bool:
+    return first.keys() == second.keys() and all(torch.equal(first[name], second[name]) for name in first)
+
+
+def prepare(workdir, cache_dir, messages=None):
+    log = messages.append if messages is not None else None
+    return prepare_embedded_default(workdir, seed=SEED, warmup_steps=STEPS, log=log, cache_dir=cache_dir)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A cache holding one entry, the run dir of the call that built it, and that call's messages."""
+    torch.set_num_threads(1)
+    root, messages = tmp_path_factory.mktemp("cache"), []
+    job = prepare(tmp_path_factory.mktemp("run"), root, messages)
+    return root, job, messages
+
+
+def entry_of(root):
+    return root / "embedded" / entry_key(Recipe(seed=SEED, warmup_steps=STEPS))
+
+
+def test_the_first_run_dir_pays_the_warm_up_and_later_ones_copy_the_entry(built, tmp_path):
+    root, first, messages = built
+    assert any("warming up" in m for m in messages)
+    assert same_weights(weights(entry_of(root)), weights(first.model_path))
+    later_messages = []
+    later = prepare(tmp_path, root, later_messages)
+    assert not any("warming up" in m for m in later_messages)
+    assert any(str(entry_of(root)) in m for m in later_messages)
+    assert later.model_path == tmp_path / "model"  # a copy in the run dir, not the entry itself
+    assert same_weights(weights(later.model_path), weights(first.model_path))
+    assert later.metrics == first.metrics
+
+
+def test_a_damaged_entry_is_rebuilt_and_never_used(built, tmp_path, capsys):
+    root, first, _ = built
+    good = weights(first.model_path)
+    damaged = root / "damaged"
+    shutil.copytree(root / "embedded", damaged / "embedded")
+    blob = entry_of(damaged) / "model.safetensors"
+    data = bytearray(blob.read_bytes())
+    data[-8:] = bytes(8)  # the last weights' bytes: the file still loads, with other numbers
+    blob.write_bytes(bytes(data))
+    assert not same_weights(weights(entry_of(damaged)), good)
+    messages = []
+    job = prepare(tmp_path, damaged, messages)
+    assert "model.safetensors changed" in capsys.readouterr().err
+    assert any("warming up" in m for m in messages)
+    assert same_weights(weights(job.model_path), good)  # the warm-up is deterministic: rebuilt equals the original
+    assert same_weights(weights(entry_of(damaged)), good)
+    assert cache.damage(entry_of(damaged), Recipe(seed=SEED, warmup_steps=STEPS)) == []
+
+
+def test_the_key_follows_the_seed_the_recipe_and_the_code(tmp_path):
+    recipe = Recipe(seed=SEED, warmup_steps=STEPS)
+    assert entry_key(recipe) == entry_key(Recipe(seed=SEED, warmup_steps=STEPS))
+    assert entry_key(recipe) != entry_key(Recipe(seed=SEED + 1, warmup_steps=STEPS))
+    assert entry_key(recipe) != entry_key(Recipe(seed=SEED, warmup_steps=STEPS + 1))
+    sources = tmp_path / "sources"
+    shutil.copytree(cache.SOURCES, sources)
+    assert entry_key(recipe, sources) == entry_key(recipe)
+    with open(sources / "warmup.py", "a") as code:
+        code.write("\n# changed\n")
+    assert entry_key(recipe, sources) != entry_key(recipe)
+
+
+def test_an_unwritable_cache_falls_back_to_the_run_dir_with_a_warning(built, tmp_path, capsys):
+    _, first, _ = built
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the cache would go")
+    job = prepare(tmp_path / "run", blocked)
+    assert "cannot be written" in capsys.readouterr().err
+    assert blocked.is_file()
+    assert same_weights(weights(job.model_path), weights(first.model_path))
+
+
+def test_the_cache_dir_comes_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "rlpost"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "rlpost"
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
+    assert default_cache_dir() == tmp_path / "mine"
