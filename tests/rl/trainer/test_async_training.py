@@ -24,6 +24,11 @@ def _asynchronous(bound: int) -> list[str]:
     return [*SEPARATE, "trainer.fully_async.enabled=true", f"trainer.fully_async.max_staleness_steps={bound}"]
 
 
+def _nemo_asynchronous(bound: int) -> list[str]:
+    """The same schedule in NeMo RL's spelling."""
+    return [*SEPARATE, "grpo.async_grpo.enabled=true", f"grpo.async_grpo.max_trajectory_age_steps={bound}"]
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     return make_tiny_job(str(tmp_path_factory.mktemp("job")))
@@ -82,12 +87,12 @@ def _positions_after_each_batch(job, steps: int) -> list[tuple[int, int]]:
 
 
 def test_rollouts_never_lag_more_than_the_bound(job, tmp_path):
-    """Bound 2 (bound 1 is the embedded default's run below). Also: a checkpoint saves the data position after the
-    last trained batch, not after the queued ones, and a run resumed from one regenerates the queue from the
-    restored weights."""
+    """Bound 2 (bound 1 is the embedded default's run below), set with NeMo RL's keys (`grpo.async_grpo.*`); the
+    resumed run sets it with ours. Also: a checkpoint saves the data position after the last trained batch, not
+    after the queued ones, and a run resumed from one regenerates the queue from the restored weights."""
     bound = 2
     run_dir = str(tmp_path / f"async{bound}")
-    rows, _ = _run(job, run_dir, [*_asynchronous(bound), "trainer.ckpt_interval=1"])
+    rows, _ = _run(job, run_dir, [*_nemo_asynchronous(bound), "trainer.ckpt_interval=1"])
     assert [row["policy_lag"] for row in rows] == [min(bound, step - 1) for step in range(1, STEPS + 1)]
     assert all(row["stale_dropped"] == 0 for row in rows)
     assert all(row["queued_batches"] <= bound for row in rows)

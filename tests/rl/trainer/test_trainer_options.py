@@ -1,0 +1,240 @@
+"""Options the README promises, folded into three launcher runs of the tiny job, each option checked by its effect.
+
+- HSDP (fsdp2, `fsdp_size=1` on 2 workers), FSDP1 hybrid sharding (`trainer.strategy=fsdp`, the same size) and
+  DeepSpeed ZeRO-1: by what each rank wrote in the run's checkpoint (every tensor whole on a rank for the hybrid
+  meshes, where full sharding over 2 ranks splits it in two; ZeRO-1's stage and its optimizer partitions).
+- `generator.apply_overlong_filtering`, the overlong penalty (`trainer.algorithm.overlong_buffer`), the `rloo` and
+  `reinforce++` estimators, the `sequence_mean` reduction with `gspo` and the `cispo` loss: by the step-1 loss.
+  Step 1's rollouts come from the untrained model with the step's seed, so the test replays them in this process
+  with the same engine, prompts and sampling parameters (its reward mean and response lengths must equal the
+  run's), and computes the loss by hand from them: the penalty's ramp, each estimator's formula, the loss mask and
+  the reduction. Step 1 is on-policy (one mini-batch: importance ratio 1) and the policy equals the reference (KL
+  0), so loss = pg_loss = that value. Under HSDP the step-1 gradient norm is also checked against that loss
+  differentiated here (what each replica applies after the all-reduce).
+- `trainer.policy.model.lora.exclude_modules`: by the exported adapter, which holds no adapter for those layers.
+- `generator.max_input_length` (multi-turn context limit): episodes end at it (`finish/context`, which the default
+  limit of prompt + 2 turns never reaches here), and a step's sequences average no more than it.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file
+
+from rl.trainer.metrics import read_metrics
+from tests.testing.tiny_job import make_tiny_job, run_train
+
+STEPS = 2
+MAX_LENGTH = 12  # the tiny job's generator.max_generate_length
+TWO_WORKERS = ["trainer.placement.policy_num_gpus_per_node=2", f"trainer.ckpt_interval={STEPS}"]
+# One float32 forward per side, summed in other orders: far below any effect checked here.
+LOSS_RTOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    return make_tiny_job(str(tmp_path_factory.mktemp("job")))
+
+
+def _train(job, run_dir: str, extra: list[str]) -> tuple[list[dict], str]:
+    result = run_train(run_dir, [*job.overrides(steps=STEPS), "data.reward_fn=gsm8k_flexible", *TWO_WORKERS, *extra])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "placement: 2 training worker(s)" in result.stdout
+    rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    assert [row["step"] for row in rows] == list(range(1, STEPS + 1))
+    return rows, result.stdout
+
+
+def _step_one(job, overrides: list[str]):
+    """Step 1's rollouts replayed here: the first prompt batch of seed 42, sampled by the HF engine from the
+    untrained model with the step's seed (as the driver samples them, on one torch thread); and each rollout's
+    reward from the run's reward function."""
+    from transformers import AutoTokenizer
+
+    # registered on import: the strategies the config names, and gsm8k_flexible
+    import rl.backends.registry
+    import rl.tasks.rewards  # noqa: F401
+    from rl.core.config import load_config
+    from rl.core.data import iter_batches, load_prompt_dataset
+    from rl.core.generation.engine import build_engine
+    from rl.core.rewards.functions import call_reward, load_reward_function
+    from rl.trainer import components
+    from rl.trainer.rewarding import row_fields
+
+    cfg = load_config([*job.overrides(steps=STEPS), *overrides])
+    tokenizer = AutoTokenizer.from_pretrained(job.model_path)
+    batch = next(iter_batches(load_prompt_dataset([job.train_data]), cfg.trainer.train_batch_size, cfg.trainer.seed))
+    prompts = [components.encode_prompt(tokenizer, r, cfg.generator.max_prompt_length) for r in batch.records]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        engine = build_engine("hf", job.model_path, tokenizer, device="cpu")
+        seed = cfg.trainer.seed * 100_003 + 1
+        rollouts = engine.generate(prompts, components.sampling_params(cfg.generator, seed))
+    finally:
+        torch.set_num_threads(threads)
+    verifier = load_reward_function("gsm8k_flexible")
+    scores = []
+    for rollout in rollouts:
+        record = batch.records[rollout.prompt_index]
+        scores.append(call_reward(verifier, rollout.response_text, record.answer, row_fields(record))[0])
+    return rollouts, torch.tensor(scores, dtype=torch.float64)
+
+
+def _penalty(lengths: torch.Tensor, band: int, factor: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment: 0 up to MAX_LENGTH - band tokens, then -factor per band tokens, capped."""
+    return torch.tensor([-factor * min(1.0, max(0.0, (n - (MAX_LENGTH - band)) / band)) for n in lengths.tolist()],
+                        dtype=torch.float64)
+
+
+def _leave_one_out(rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """RLOO: each reward minus the mean of the other rewards of its prompt."""
+    return torch.stack([rewards[i] - rewards[(groups == groups[i]) & (torch.arange(len(rewards)) != i)].mean()
+                        for i in range(len(rewards))])
+
+
+def _stored_whole(checkpoint_dir: str, prefix: str) -> dict[str, bool]:
+    """Name -> whether the checkpoint stores the tensor as one chunk covering all of it (no rank holds a part)."""
+    listed = dcp.FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata
+    found = {}
+    for name, entry in listed.items():
+        if name.startswith(prefix) and hasattr(entry, "chunks"):
+            found[name] = len(entry.chunks) == 1 and tuple(entry.chunks[0].sizes) == tuple(entry.size)
+    assert found, f"no {prefix} tensors in {checkpoint_dir}"
+    return found
+
+
+def _assert_whole(found: dict[str, bool]) -> None:
+    """Every tensor one chunk on one rank: a 1-rank shard group replicated over the 2 workers. Full sharding over 2
+    ranks would have stored each tensor as 2 chunks (its first dimension split)."""
+    assert all(found.values()), sorted(name for name, whole in found.items() if not whole)[:5]
+
+
+def test_hsdp_overlong_filtering_penalty_rloo_and_gspo(job, tmp_path):
+    """fsdp2 HSDP (2 replicas of a 1-rank shard group); responses cut at 12 tokens are filtered out of the loss and
+    penalised over the last 4 tokens; RLOO advantages; gspo with the sequence_mean reduction."""
+    band, factor = 4, 1.0
+    options = ["trainer.policy.fsdp_config.fsdp_size=1", "generator.apply_overlong_filtering=true",
+               f"trainer.algorithm.overlong_buffer.len={band}",
+               f"trainer.algorithm.overlong_buffer.penalty_factor={factor}",
+               "trainer.algorithm.advantage_estimator=rloo", "trainer.algorithm.policy_loss_type=gspo",
+               "trainer.algorithm.loss_reduction=sequence_mean"]
+    run_dir = str(tmp_path / "run")
+    rows, _ = _train(job, run_dir, options)
+    rollouts, scores = _step_one(job, options)
+    lengths = torch.tensor([len(r.response_ids) for r in rollouts], dtype=torch.float64)
+    cut = torch.tensor([r.finish_reason == "length" for r in rollouts])
+    groups = torch.tensor([r.prompt_index for r in rollouts])
+    rewards = scores + _penalty(lengths, band, factor)
+    first = rows[0]
+    assert first["response_length_mean"] == pytest.approx(lengths.mean().item(), abs=1e-9), "the same rollouts"
+    assert first["reward_mean"] == pytest.approx(rewards.mean().item(), abs=1e-6), "reward + penalty"
+    assert cut.any() and (~cut).any(), "some responses cut, some not: the filter has something to decide"
+    assert (lengths > MAX_LENGTH - band).any(), "some responses inside the penalty band"
+    advantages = _leave_one_out(rewards, groups)
+    # gspo's per-token loss is -A * (sequence ratio = 1); sequence_mean: the mean over sequences in the loss
+    expected = -advantages[~cut].mean().item()
+    unfiltered = -advantages.mean().item()
+    assert abs(expected - unfiltered) > 10 * LOSS_RTOL * abs(expected), "filtering must change the loss"
+    assert first["kl"] == 0.0
+    assert first["pg_loss"] == pytest.approx(expected, rel=LOSS_RTOL)
+    assert first["loss"] == pytest.approx(expected, rel=LOSS_RTOL)
+    # The gradient both replicas apply: the loss above differentiated here in one process (gspo's ratio
+    # exp(logp - sg(logp)) has the gradient of logp; the k3 KL's gradient is 0 where policy = reference). A replica
+    # that skipped the all-reduce over the replicate dimension would step on half the batch's gradient.
+    model = _untrained(job.model_path)
+    kept = [(a, lp) for a, lp, dropped in zip(advantages.tolist(), _response_logprobs(model, rollouts), cut.tolist(),
+                                             strict=True) if not dropped]
+    (-sum(a * lp.mean() for a, lp in kept) / len(kept)).backward()
+    norm = torch.sqrt(sum(p.grad.double().pow(2).sum() for p in model.parameters() if p.grad is not None))
+    assert first["grad_norm"] == pytest.approx(norm.item(), rel=LOSS_RTOL)
+    checkpoint_dir = os.path.join(run_dir, "checkpoints", f"global_step_{STEPS}")
+    _assert_whole(_stored_whole(checkpoint_dir, "model."))
+
+
+def test_fsdp1_hybrid_lora_exclude_modules_reinforce_plus_plus_and_cispo(job, tmp_path):
+    """FSDP1 HYBRID_SHARD (fsdp_size=1 on 2 workers) training LoRA adapters on every linear layer but o_proj and
+    down_proj; reinforce++ advantages on a linear overlong penalty (the only nonzero reward of a random model);
+    the cispo loss, token_mean reduction."""
+    band, factor = MAX_LENGTH - 1, 0.5
+    excluded = ("o_proj", "down_proj")
+    options = ["trainer.strategy=fsdp", "trainer.policy.fsdp_config.fsdp_size=1", "trainer.policy.model.lora.rank=8",
+               f"trainer.policy.model.lora.exclude_modules={list(excluded)}", f"trainer.hf_save_interval={STEPS}",
+               f"trainer.algorithm.overlong_buffer.len={band}",
+               f"trainer.algorithm.overlong_buffer.penalty_factor={factor}",
+               "trainer.algorithm.advantage_estimator=reinforce++", "trainer.algorithm.policy_loss_type=cispo"]
+    run_dir = str(tmp_path / "run")
+    rows, _ = _train(job, run_dir, options)
+    rollouts, scores = _step_one(job, options)
+    lengths = torch.tensor([len(r.response_ids) for r in rollouts], dtype=torch.float64)
+    rewards = scores + _penalty(lengths, band, factor)
+    first = rows[0]
+    assert first["response_length_mean"] == pytest.approx(lengths.mean().item(), abs=1e-9), "the same rollouts"
+    assert first["reward_mean"] == pytest.approx(rewards.mean().item(), abs=1e-6)
+    # reinforce++ with gamma 1: every token of response i carries r_i; whitened over all response tokens (unbiased)
+    tokens = torch.repeat_interleave(rewards, lengths.long())
+    mean, std = tokens.mean(), tokens.var(unbiased=True).add(1e-8).sqrt()
+    advantages = (rewards - mean) / std
+    with torch.no_grad():  # the adapters start at B = 0: the base model's logprobs
+        logprobs = _response_logprobs(_untrained(job.model_path), rollouts)
+    # cispo at ratio 1: -A * logp per token; token_mean over every response token (no filtering here)
+    expected = -sum(a * lp.sum() for a, lp in zip(advantages.tolist(), logprobs, strict=True)) / lengths.sum()
+    assert first["kl"] == 0.0
+    assert first["pg_loss"] == pytest.approx(float(expected), rel=LOSS_RTOL)
+    assert first["loss"] == pytest.approx(float(expected), rel=LOSS_RTOL)
+
+    export = os.path.join(run_dir, "exports", f"global_step_{STEPS}")
+    adapters = load_file(os.path.join(export, "adapter_model.safetensors"))
+    adapted = {name.split(".lora_")[0].rsplit(".", 1)[-1] for name in adapters if ".lora_" in name}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}, sorted(adapted)
+    assert any(tensor.abs().max() > 0 for name, tensor in adapters.items() if ".lora_B." in name), "B left 0"
+    with open(os.path.join(export, "adapter_config.json")) as f:
+        assert sorted(json.load(f)["exclude_modules"]) == sorted(excluded)
+    checkpoint_dir = os.path.join(run_dir, "checkpoints", f"global_step_{STEPS}")
+    found = _stored_whole(checkpoint_dir, "model.")
+    assert all(".lora_" in name for name in found), "a LoRA checkpoint holds the adapters only"
+    _assert_whole(found)
+
+
+def _response_logprobs(model, rollouts) -> list[torch.Tensor]:
+    """log p(token) of each response token under `model` at temperature 1, one sequence at a time."""
+    found = []
+    for rollout in rollouts:
+        ids = torch.tensor([list(rollout.prompt_ids) + list(rollout.response_ids)])
+        logits = model(ids).logits[0, :-1].double()
+        token = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
+        found.append(token[len(rollout.prompt_ids) - 1:])
+    return found
+
+
+def _untrained(model_path: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+
+
+def test_zero1_and_the_multi_turn_context_limit(job, tmp_path):
+    """DeepSpeed ZeRO-1 on 2 workers; `arith_retry` episodes of up to 2 turns within max_input_length tokens."""
+    limit = 40
+    options = ["trainer.strategy=deepspeed", "deepspeed_config.train.zero_optimization.stage=1",
+               "environment.env_class=arith_retry", "generator.max_turns=2", f"generator.max_input_length={limit}"]
+    run_dir = str(tmp_path / "run")
+    rows, _ = _train(job, run_dir, options)
+    for row in rows:
+        # 16 episodes (prompt + all turns) of at most `limit` tokens each; some end at the limit
+        tokens = row["tokens_per_s"] * row["step_time_s"]
+        assert tokens <= 16 * limit + 0.5, row
+    assert any(row.get("finish/context", 0) > 0 for row in rows), rows
+    state = os.path.join(run_dir, "checkpoints", f"global_step_{STEPS}", "state")
+    shards = [torch.load(os.path.join(state, f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"), weights_only=False)
+              for rank in range(2)]
+    assert all(int(s["optimizer_state_dict"]["zero_stage"]) == 1 for s in shards)
+    total = sum(p.numel() for p in _untrained(job.model_path).parameters())
+    partitions = [sum(t.numel() for t in s["optimizer_state_dict"]["single_partition_of_fp32_groups"])
+                  for s in shards]
+    # each rank holds its half of the fp32 master weights (DeepSpeed pads a group to a multiple of the ranks)
+    assert sum(partitions) >= total and max(partitions) - min(partitions) <= 2, (partitions, total)
+    assert max(partitions) <= total // 2 + 64, (partitions, total)
