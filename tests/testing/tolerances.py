@@ -129,3 +129,64 @@ def adam_update_rtol(dtype: torch.dtype) -> float:
     moments' two multiply-adds, the square root, the add of eps, the division and the bias corrections each round
     once, so each update is within ~8u of exact; two implementations differ by <= 16u relative to |lr * u_t|."""
     return 16 * unit_roundoff(dtype)
+
+
+def adam_step_bound(betas: tuple[float, float], step: int) -> float:
+    """Largest |m_hat / (sqrt(v_hat) + eps)| Adam can take at `step`, whatever the gradients: with the weights of
+    `adam_weights`, |sum a_i g_i| <= sqrt(sum a_i^2 / b_i) * sqrt(sum b_i g_i^2) (Cauchy-Schwarz), and eps only
+    shrinks the ratio. It holds for any gradients, so clipping (which rescales a step's gradient) cannot raise it;
+    1 at step 1, ~1.0-1.3 for the first steps at the default betas."""
+    a, b = adam_weights(betas, step)
+    return math.sqrt(sum(ai * ai / bi for ai, bi in zip(a, b, strict=True)))
+
+
+def adam_drift(lr: float, steps: int, betas: tuple[float, float] = (0.9, 0.999)) -> float:
+    """Worst-case distance of one weight between two runs of `steps` Adam(W) steps from the same start at learning
+    rate <= lr (warm-up only lowers it): each run moves the weight by at most lr * `adam_step_bound` per step, so two
+    runs end at most 2 * lr * sum_t bound_t apart. Decoupled weight decay scales both by (1 - lr * wd) <= 1, which
+    shrinks the gap. A gradient within its rounding error of zero can reach this: its update's sign is noise."""
+    return 2 * lr * sum(adam_step_bound(betas, t) for t in range(1, steps + 1))
+
+
+# Per Adam(W) step a weight is written twice (the decoupled decay's multiply, then the update's add): each rounds to
+# within u|w|, so two runs whose exact results agree can still differ by 2u|w| per write.
+ADAM_WRITES_PER_STEP = 2
+
+
+def adam_bulk_gap(weights: torch.Tensor, lr: float, steps: int, grad_rtol: float, dtype: torch.dtype,
+                  betas: tuple[float, float] = (0.9, 0.999)) -> torch.Tensor:
+    """Per-element bound on two runs' weights after `steps` Adam(W) steps for an element whose gradient differs
+    between the runs by at most `grad_rtol` relative in every step (a gradient well above its rounding noise).
+
+    With |g'_i - g_i| <= e|g_i|, `adam_gap`'s |u' - u| <= (sum a_i r_i + |u| s) / (D - s) becomes
+    <= 2 e / (1 - e) * bound_t (sum a_i |g_i| <= bound_t * sqrt(V), Cauchy-Schwarz), the update's own arithmetic
+    adds `adam_update_rtol` * bound_t, and each write of the weight rounds (`ADAM_WRITES_PER_STEP`, 2u|w| apart
+    per write, |w| at most the final weight plus the run's whole drift)."""
+    bounds = sum(adam_step_bound(betas, t) for t in range(1, steps + 1))
+    update = lr * bounds * (2 * grad_rtol / (1 - grad_rtol) + adam_update_rtol(dtype))
+    largest = weights.detach().abs().double() + lr * bounds
+    return update + 2 * ADAM_WRITES_PER_STEP * steps * unit_roundoff(dtype) * largest
+
+
+def assert_adam_runs_within(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], lr: float, steps: int,
+                            grad_rtol: float, outlier_share: float, betas: tuple[float, float] = (0.9, 0.999),
+                            msg: str = "") -> int:
+    """Two runs' weights after `steps` Adam(W) steps, when the gradients are not at hand (a launcher run exports
+    weights only), so `adam_gap` cannot be applied per element:
+    - every element within `adam_drift` (a bound that holds for any gradients);
+    - in every tensor, all but ceil(outlier_share * numel) elements within `adam_bulk_gap` at `grad_rtol`: only
+      elements whose gradient came within its rounding noise of zero in some step (their update's sign is noise)
+      may leave it. A wrong shard merge, a wrong learning rate or a missing gradient moves most of a tensor's
+      elements, not a few. Returns the largest number of bulk outliers in one tensor."""
+    drift = adam_drift(lr, steps, betas)
+    worst = 0
+    for name, w in want.items():
+        g = got[name]
+        assert_within(g, w, drift, f"{msg} {name} (Adam's worst-case drift)")
+        bulk = adam_bulk_gap(w, lr, steps, grad_rtol, w.dtype, betas)
+        outside = int(((g.double() - w.double()).abs() > bulk).sum())
+        allowed = math.ceil(outlier_share * w.numel())
+        assert outside <= allowed, (f"{msg} {name}: {outside} of {w.numel()} elements beyond the bulk bound "
+                                    f"(at most {allowed} may be gradients within rounding noise of zero)")
+        worst = max(worst, outside)
+    return worst

@@ -105,7 +105,12 @@ def test_three_steps_match_plain_torch_and_leave_the_base_untouched(model_path, 
     optimizer = torch.optim.AdamW(trainable, lr=LR, weight_decay=0.0, fused=True)
     names = {id(p): n for n, p in oracle.named_parameters()}
     grads = {names[id(p)]: [] for p in trainable}  # the oracle's clipped gradients, as Adam sees them
-    optimizer.register_step_pre_hook(lambda *_: [grads[names[id(p)]].append(p.grad.clone()) for p in trainable] and None)
+
+    def record_gradients(*_):
+        for p in trainable:
+            grads[names[id(p)]].append(p.grad.clone())
+
+    optimizer.register_step_pre_hook(record_gradients)
     for step in range(3):
         batch = small_batch()
         old, _ = backend.logprobs(batch)

@@ -3,9 +3,10 @@
 same weights. Any backend added later joins LAYOUTS.
 
 The run and its comparison (rewards exactly, loss, its parts and the gradient norm up to summation order, final
-weights within WEIGHT_ATOL) are `tests.testing.parity`'s, shared with test_parity_features (ZeRO-3, the fused loss,
-Ulysses, context parallelism), test_parity_megatron (TP and PP) and test_parity_minibatch (several mini-batches per
-rollout batch): one target each, so that none runs more than ~10 launcher runs.
+weights within Adam's bounds, `tolerances.assert_adam_runs_within`) are `tests.testing.parity`'s, shared with
+test_parity_features (ZeRO-3, the fused loss, Ulysses, context parallelism), test_parity_megatron (TP and PP) and
+test_parity_minibatch (several mini-batches per rollout batch): one target each, so that none runs more than ~10
+launcher runs.
 """
 
 import itertools

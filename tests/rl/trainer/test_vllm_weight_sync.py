@@ -2,7 +2,8 @@
 send the new weights to the engine in buckets (shared by handle through /dev/shm, the default for an engine on
 the workers' host; one layout through Ray's object store), so at step 2 the engine samples from the weights step 1
 trained and its rollout logprobs equal the trainer's old logprobs of the same weights
-(`rollout_logprob_abs_diff_max`, logged every step with vllm) for every strategy on 2 workers.
+(`rollout_logprob_abs_diff_max`, logged every step with vllm) for every strategy on 2 workers, and megatron
+with TP=2 x PP=2 on 4.
 
 The control, in the same run: an engine never synced would sample step 2 from the initial weights, which are the
 reference model's. With the `abs` KL estimator, step 2's `kl` is the mean over the response tokens of
@@ -18,8 +19,10 @@ LAYOUTS = {
     "fsdp2": ["trainer.strategy=fsdp2"],
     "fsdp": ["trainer.strategy=fsdp", "generator.weight_sync_backend=ray"],  # Ray's object store; the others ipc
     "deepspeed-zero3": ["trainer.strategy=deepspeed", "deepspeed_config.train.zero_optimization.stage=3"],
-    "megatron-tp2": ["trainer.strategy=megatron", "trainer.policy.megatron_config.tensor_model_parallel_size=2"],
-    "megatron-pp2": ["trainer.strategy=megatron", "trainer.policy.megatron_config.pipeline_model_parallel_size=2"],
+    # one run gathers over both: each tensor-parallel rank's slices and each pipeline stage's layers
+    "megatron-tp2-pp2": ["trainer.strategy=megatron", "trainer.policy.megatron_config.tensor_model_parallel_size=2",
+                         "trainer.policy.megatron_config.pipeline_model_parallel_size=2",
+                         "trainer.placement.policy_num_gpus_per_node=4"],
 }
 TOLERANCE = 1e-4  # fp32 engine and trainer; measured gaps are ~1e-6
 
@@ -32,9 +35,9 @@ def job(tmp_path_factory):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_engine_samples_from_the_weights_the_workers_trained(job, tmp_path, layout):
     run_dir = str(tmp_path / layout)
-    overrides = [*job.overrides(steps=2), *LAYOUTS[layout], "generator.backend=vllm",
-                 "generator.gpu_memory_utilization=0.2", "trainer.placement.policy_num_gpus_per_node=2",
-                 "data.reward_fn=gsm8k_flexible", "trainer.algorithm.use_entropy_loss=true",
+    overrides = [*job.overrides(steps=2), "trainer.placement.policy_num_gpus_per_node=2", *LAYOUTS[layout],
+                 "generator.backend=vllm", "generator.gpu_memory_utilization=0.2", "data.reward_fn=gsm8k_flexible",
+                 "trainer.algorithm.use_entropy_loss=true",
                  "trainer.policy.optimizer_config.lr=1e-2", "generator.weight_sync_bucket_mb=1",
                  "trainer.algorithm.use_kl_loss=true", "trainer.algorithm.kl_estimator_type=abs"]
     result = run_train(run_dir, overrides, timeout=900)
