@@ -1,11 +1,11 @@
-"""The parity contract, end to end through the real launcher (Ray actors, one gloo group): every strategy, with 1 and
-2 workers, packed (and padded on 1), runs the same few steps as fsdp2 on 1 worker with packing (fp32), and ends with the
-same weights. Any backend added later joins LAYOUTS.
+"""The parity contract, end to end through the real launcher (Ray actors, one gloo group): fsdp2, fsdp and
+deepspeed, with 1 and 2 workers, packed (and padded on 1), run the same few steps as fsdp2 on 1 worker with packing
+(fp32) and end with the same weights. Any backend added later joins LAYOUTS.
 
 The run and its comparison (rewards exactly, loss, its parts and the gradient norm up to summation order, final
 weights within Adam's bounds, `tolerances.assert_adam_runs_within`) are `tests.testing.parity`'s, shared with
-test_parity_features (ZeRO-3, the fused loss, Ulysses, context parallelism), test_parity_megatron (TP and PP) and
-test_parity_minibatch (several mini-batches per rollout batch): one target each, so that none runs more than ~10
+test_parity_features (ZeRO-3, the fused loss, Ulysses, context parallelism) and test_parity_minibatch (two
+mini-batches per rollout batch, megatron's TP and PP among them): one target each, so that none runs more than ~10
 launcher runs.
 """
 
