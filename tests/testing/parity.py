@@ -94,14 +94,11 @@ def gradient_rtol(job: TinyJob, run: Run) -> float:
     size, the MLP's inner size, a head's width, and the attention's softmax and weighted sum over the longest
     sequence. It bounds a gradient element's gap between two layouts relative to the sum of its terms' magnitudes:
     relative to the element itself for every element whose terms do not cancel."""
-    with open(os.path.join(job.model_path, "config.json")) as f:
+    with open(os.path.join(job.model_path, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
-    hidden, positions = config["hidden_size"], config["max_position_embeddings"]
-    per_layer = [hidden] * 6 + [config["intermediate_size"], hidden // config["num_attention_heads"], positions,
-                                positions]
-    tokens = run.mini_batch_sequences * positions
-    return tolerances.network_rtol([tokens, config["vocab_size"], hidden, hidden]
-                                   + per_layer * config["num_hidden_layers"], torch.float32)
+    positions = config["max_position_embeddings"]
+    reductions = tolerances.decoder_reductions(config, positions, run.mini_batch_sequences * positions)
+    return tolerances.network_rtol(reductions, torch.float32)
 
 
 def outlier_share(job: TinyJob, run: Run) -> float:

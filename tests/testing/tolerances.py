@@ -67,6 +67,37 @@ def network_rtol(reductions: Sequence[int], dtype: torch.dtype, condition: float
     return 2 * gamma(sum(reductions), dtype) * condition
 
 
+def decoder_reductions(config, positions: int, tokens: int = 0, adapter_rank: int = 0) -> list[int]:
+    """The reductions on the path through a decoder-only transformer's forward and backward, for `network_rtol`:
+    the loss and weight-gradient sums over `tokens` (0 when no loss is compared), the vocabulary's softmax, the final
+    norm and the head over the hidden size; per layer two norms and four projections over the hidden size, the MLP's
+    inner size, a head's width, the attention's softmax and weighted sum over `positions` (the longest sequence),
+    and a LoRA adapter's two projections over its rank. `config` is a transformers config or its config.json."""
+    get = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
+    hidden = get("hidden_size") or get("n_embd")
+    inner = get("intermediate_size") or get("n_inner") or 4 * hidden
+    heads = get("num_attention_heads") or get("n_head")
+    layers = get("num_hidden_layers") or get("n_layer")
+    adapters = [adapter_rank, adapter_rank] if adapter_rank else []
+    per_layer = [hidden] * 6 + [inner, hidden // heads, positions, positions] + adapters
+    return [tokens, get("vocab_size"), hidden, hidden] + per_layer * layers
+
+
+def logprob_gap(config, logits: torch.Tensor, positions: int, dtype: torch.dtype = torch.float32) -> float:
+    """Gap bound of two computations of a decoder's log-probabilities (or logits) over sequences of up to
+    `positions` tokens in different orders (packed vs alone, cached decoding vs one pass, batched vs single):
+    `network_rtol` of the forward's reductions relative to the logits' magnitude, since a log-softmax is a logit
+    minus a log-sum-exp of logits."""
+    return network_rtol(decoder_reductions(config, positions), dtype) * float(logits.detach().abs().max())
+
+
+def gradient_gap(grad: torch.Tensor, reductions: Sequence[int], dtype: torch.dtype = torch.float32) -> float:
+    """Gap bound of one weight gradient computed in two orders: `network_rtol` of the forward and backward's
+    reductions relative to the tensor's largest |element| (rounding scales with the terms summed, not with an
+    element that cancels to ~0)."""
+    return network_rtol(reductions, dtype) * float(grad.detach().abs().max())
+
+
 def rounded_gap(value: torch.Tensor, inner_gap: float | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Gap of two results that agree to within `inner_gap` before each is rounded to `dtype` (a bf16 output of an
     fp32 kernel): inner_gap + 2 * u(dtype) * |value|."""

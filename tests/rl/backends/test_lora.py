@@ -83,16 +83,11 @@ def _batch_step(batch, old):
 
 
 def _float32_rtol(config, batch) -> float:
-    """`tolerances.network_rtol` of this model's float32 forward and backward: the loss and weight-gradient sums
-    over the batch's tokens, the vocabulary's softmax, the final norm and tied head, and per layer two norms and four
-    projections over the hidden size, the MLP's inner size, a head's width, the softmax and weighted sum over the
-    longest sequence, and the adapters' rank twice."""
-    longest = int(batch.seq_lengths.max())
-    per_layer = [config.hidden_size] * 6 + [config.intermediate_size, config.hidden_size // config.num_attention_heads,
-                                            longest, longest, LORA["rank"], LORA["rank"]]
-    tokens = int(batch.input_ids.numel())
-    return tolerances.network_rtol([tokens, config.vocab_size, config.hidden_size, config.hidden_size]
-                                   + per_layer * config.num_hidden_layers, torch.float32)
+    """`tolerances.network_rtol` of this model's float32 forward and backward over the batch's tokens and its longest
+    sequence, the adapters' rank included (`tolerances.decoder_reductions`)."""
+    reductions = tolerances.decoder_reductions(config, int(batch.seq_lengths.max()), int(batch.input_ids.numel()),
+                                               LORA["rank"])
+    return tolerances.network_rtol(reductions, torch.float32)
 
 
 def test_three_steps_match_plain_torch_and_leave_the_base_untouched(model_path, strategy):

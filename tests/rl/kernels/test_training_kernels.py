@@ -45,12 +45,9 @@ def _assert_same_step(got: dict, want: dict, model_path: str) -> None:
     entropies <= log V), the scale of the absolute bound."""
     with open(f"{model_path}/config.json", encoding="utf-8") as f:
         config = json.load(f)
-    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
     positions = config["max_position_embeddings"]
-    per_layer = [hidden] * 6 + [config["intermediate_size"], hidden // config["num_attention_heads"], positions,
-                                positions]
-    rtol = tolerances.network_rtol([config["vocab_size"], SEQUENCES * positions, hidden, hidden]
-                                   + per_layer * layers, torch.float32)
+    rtol = tolerances.network_rtol(tolerances.decoder_reductions(config, positions, SEQUENCES * positions),
+                                   torch.float32)
     scale = max(1.0, math.log(config["vocab_size"]))
     assert got["reward_mean"] == want["reward_mean"]
     assert want["grad_norm"] > 0

@@ -9,20 +9,6 @@ from rl.core.generation import SamplingParams
 from tests.testing import tolerances
 
 
-def logprob_atol(model: torch.nn.Module, logits: torch.Tensor, length: int) -> float:
-    """Decoding with a cache and one teacher-forced pass compute the same logits in different orders.
-    `tolerances.network_rtol` over the model's reductions (per layer two norms and four projections over the hidden
-    size, the MLP's inner size, a head's width, softmax and weighted sum over the `length` positions; the final
-    norm, the head and the vocabulary's log-sum-exp), relative to the logits' magnitude: a log-softmax is a logit
-    minus a log-sum-exp of logits."""
-    c = model.config
-    inner = getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None) or 4 * c.hidden_size
-    per_layer = [c.hidden_size] * 6 + [inner, c.hidden_size // c.num_attention_heads, length, length]
-    rtol = tolerances.network_rtol(per_layer * c.num_hidden_layers + [c.hidden_size, c.hidden_size, c.vocab_size],
-                                   torch.float32)
-    return rtol * float(logits.abs().max())
-
-
 def teacher_forced_logits(model: torch.nn.Module, prompt: list[int], response: list[int]) -> torch.Tensor:
     """[len(response), vocab]: the logits that predicted each response token, from one unpadded forward pass."""
     with torch.no_grad():
@@ -63,7 +49,8 @@ def test_logprobs_match_teacher_forcing(make_engine, prompts, temperature, top_k
         processed = chosen(sampling_log_softmax(logits, temperature, top_k, top_p), rollout.response_ids)
         assert len(rollout.raw_logprobs) == len(rollout.rollout_logprobs) == len(rollout.response_ids)
         scaled = logits * max(1.0, 1.0 / temperature)  # raw logprobs read the logits, processed ones logits / T
-        atol = logprob_atol(engine.model, scaled, len(rollout.prompt_ids) + len(rollout.response_ids))
+        length = len(rollout.prompt_ids) + len(rollout.response_ids)
+        atol = tolerances.logprob_gap(engine.model.config, scaled, length)
         torch.testing.assert_close(torch.tensor(rollout.raw_logprobs), raw, rtol=0, atol=atol)
         torch.testing.assert_close(torch.tensor(rollout.rollout_logprobs), processed, rtol=0, atol=atol)
 
@@ -74,7 +61,8 @@ def test_greedy_logprobs_are_the_untempered_ones(make_engine, prompts, arch):
     for rollout in engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=10)):
         logits = teacher_forced_logits(engine.model, rollout.prompt_ids, rollout.response_ids)
         raw = chosen(logits.log_softmax(-1), rollout.response_ids)
-        atol = logprob_atol(engine.model, logits, len(rollout.prompt_ids) + len(rollout.response_ids))
+        length = len(rollout.prompt_ids) + len(rollout.response_ids)
+        atol = tolerances.logprob_gap(engine.model.config, logits, length)
         torch.testing.assert_close(torch.tensor(rollout.raw_logprobs), raw, rtol=0, atol=atol)
         assert rollout.rollout_logprobs == rollout.raw_logprobs
 
