@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from rl.backends.host_optimizer import HostAdamW
+from tests.testing import tolerances
 
 SETTINGS = {"lr": 1e-2, "betas": (0.9, 0.98), "weight_decay": 0.01}
 
@@ -34,9 +35,14 @@ def _train(model, optimizer, scheduler, steps: int, seed: int) -> None:
         assert all(p.grad is None for p in model.parameters())
 
 
-def _assert_same_weights(got: nn.Module, want: nn.Module) -> None:
+def _assert_same_weights(got: nn.Module, want: nn.Module, steps: int) -> None:
+    """Within `tolerances.adam_bulk_gap`: the two optimizers' update arithmetic and weight writes round differently,
+    and the gradients then differ by the rounding of this network's sums (inputs 6, hidden 8, outputs 3, a batch
+    of 5, forward and backward)."""
+    grad_rtol = tolerances.network_rtol([6, 8, 3, 5, 5], torch.float32)
     for (name, a), (_, b) in zip(got.named_parameters(), want.named_parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-7, msg=name)
+        bound = tolerances.adam_bulk_gap(b, SETTINGS["lr"], steps, grad_rtol, torch.float32, SETTINGS["betas"])
+        tolerances.assert_within(a, b, bound, msg=name)
 
 
 def test_updates_equal_torch_adamw():
@@ -46,7 +52,7 @@ def test_updates_equal_torch_adamw():
     opt_host = HostAdamW(offloaded.parameters(), **SETTINGS)
     _train(plain, opt_plain, _schedule(opt_plain), 5, seed=1)
     _train(offloaded, opt_host, _schedule(opt_host), 5, seed=1)
-    _assert_same_weights(offloaded, plain)
+    _assert_same_weights(offloaded, plain, steps=5)
     assert torch.equal(offloaded[0].bias, frozen_before)
     assert len(opt_host.masters) == 3 and all(m.device.type == "cpu" for m in opt_host.masters)
     for state in opt_host.state.values():
@@ -69,4 +75,5 @@ def test_state_dict_round_trip_resumes_exactly():
     opt2.load_state_dict(saved_opt)
     sched2.load_state_dict(saved_sched)
     _train(resumed, opt2, sched2, 3, seed=3)
-    _assert_same_weights(resumed, uninterrupted)
+    for (name, a), (_, b) in zip(resumed.named_parameters(), uninterrupted.named_parameters(), strict=True):
+        assert torch.equal(a, b), f"{name}: the same code from the same state, bit for bit"
