@@ -6,6 +6,53 @@ import torch
 from rl.core.algorithms import compute_policy_loss
 from rl.kernels import reference as ref_ops
 from tests.rl.kernels.cases import LENGTHS, SETTINGS, eager_logprobs, oracle_loss, packed_batch
+from tests.testing.tolerances import assert_within, network_rtol, rounded_gap
+
+
+# Bounds from tests/testing/tolerances.py. A logprob is z_t/T - logsumexp(z/T) and an entropy is logsumexp(z/T) -
+# sum p z/T: each side reduces over the vocabulary twice (the normaliser, the entropy's weighted sum; a blocked pass
+# rescales its partial sums once per block, fewer roundings than the vocabulary's) in its own order, relative to
+# the row's logits, so the gap is network_rtol([vocab, vocab]) * (max|z/T| + |value|) (1 + that for the exp's and
+# log's own roundings).
+def _row_scale(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return 1 + (logits.detach().float() / temperature).abs().amax(-1)
+
+
+def _logprob_bounds(logits, lp0, h0, temperature):
+    rtol = network_rtol([logits.shape[-1]] * 2, torch.float32)
+    rows = _row_scale(logits, temperature)
+    return rtol * (rows + lp0.detach().abs()), rtol * (rows + h0.detach())
+
+
+def _logits_grad_bound(logits, targets, w1, w2, temperature, reductions, dtype, want):
+    """d/dz_j of sum w1 lp + w2 H is (w1 (1[j = t] - p_j) - w2 p_j (log p_j + H)) / T: each p_j carries the row's
+    gap relative to its logits (`_row_scale`), and the gradient's terms are summed in each side's order over
+    `reductions` (the vocabulary twice, the tokens where a loss weights them); a weight of None (a term the loss leaves
+    out) is 0; a bf16 gradient is rounded once more (`rounded_gap`)."""
+    with torch.no_grad():
+        logp = torch.log_softmax(logits.detach().float() / temperature, -1)
+        p, entropy = logp.exp(), -(logp.exp() * logp).sum(-1, keepdim=True)
+        w1, w2 = (torch.zeros(len(targets), 1) if w is None else w.detach().abs().float()[:, None] for w in (w1, w2))
+        scale = (w1 * p + w2 * p * (logp.abs() + entropy)) / temperature
+        scale[torch.arange(len(targets)), targets] += w1[:, 0] / temperature
+        bound = network_rtol(reductions, torch.float32) * scale * _row_scale(logits, temperature)[:, None]
+        return rounded_gap(want, bound, dtype) if dtype != torch.float32 else bound
+
+
+def _loss_bound(b, lp0, h0, logits, temperature, dp, clip_c, old=None):
+    """A loss or metric is a reduction over the tokens (weights summing to <= dp_world_size) of per-token terms of
+    (logprob, entropy) whose slope is at most the ratio times |advantage| (dual clip caps it at c), plus the KL
+    estimators' exp(|log-ratio|) and |log-ratio| and 1: each token's inputs carry `_logprob_bounds`, and its term's
+    magnitude is at most its slope times the same scale, summed over the tokens in each side's order."""
+    lp_gap, h_gap = _logprob_bounds(logits, lp0, h0, temperature)
+    lp = lp0.detach()
+    old = b.old if old is None else old
+    slope = (1 + b.adv.abs() * torch.clamp((lp - old).abs().exp(), min=clip_c) + (lp - b.ref).abs().exp()
+             + (lp - b.ref).abs())
+    terms = slope * (lp_gap + h_gap)
+    rtol = network_rtol([len(lp)], torch.float32)
+    scale = slope * (_row_scale(logits, temperature) + lp.abs() + h0.detach())
+    return float(dp * (terms.max() + rtol * scale.max())) if len(lp) else 0.0
 
 
 def test_cu_seqlens_and_position_ids_by_hand():
@@ -36,13 +83,16 @@ def test_token_logprobs_entropy_matches_log_softmax(dtype, temperature):
     lp, h = ref_ops.token_logprobs_entropy(logits, b.targets, temperature, block_size=7)
     eager_in = b.logits.clone().requires_grad_()
     lp0, h0 = eager_logprobs(eager_in, b.targets, temperature)
-    torch.testing.assert_close(lp, lp0, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(h, h0, atol=1e-5, rtol=1e-5)
+    lp_gap, h_gap = _logprob_bounds(b.logits, lp0, h0, temperature)
+    assert lp.dtype == h.dtype == torch.float32
+    assert_within(lp, lp0, lp_gap, "logprob")
+    assert_within(h, h0, h_gap, "entropy")
     w1, w2 = torch.randn(lp.shape), torch.randn(lp.shape)
     (g,) = torch.autograd.grad((lp * w1 + h * w2).sum(), logits)
     (g0,) = torch.autograd.grad((lp0 * w1 + h0 * w2).sum(), eager_in)
-    tol = 1e-5 if dtype == torch.float32 else 1e-2
-    torch.testing.assert_close(g, g0, atol=tol, rtol=tol)
+    vocab = b.logits.shape[-1]
+    assert_within(g, g0, _logits_grad_bound(b.logits, b.targets, w1, w2, temperature, [vocab, vocab], dtype, g0),
+                  "logits gradient")
     assert g.dtype == dtype
 
 
@@ -72,13 +122,15 @@ def test_logprobs_without_entropy_match_log_softmax(dtype, temperature, block_si
     lp, h = ref_ops.token_logprobs_entropy(logits, b.targets, temperature, block_size=block_size, with_entropy=False)
     assert h is None
     eager_in = b.logits.clone().requires_grad_()
-    lp0, _ = eager_logprobs(eager_in, b.targets, temperature)
-    torch.testing.assert_close(lp, lp0, atol=1e-5, rtol=1e-5)
+    lp0, h0 = eager_logprobs(eager_in, b.targets, temperature)
+    assert lp.dtype == torch.float32
+    assert_within(lp, lp0, _logprob_bounds(b.logits, lp0, h0, temperature)[0], "logprob")
     w = torch.randn(lp.shape)
     (g,) = torch.autograd.grad((lp * w).sum(), logits)
     (g0,) = torch.autograd.grad((lp0 * w).sum(), eager_in)
-    tol = 1e-5 if dtype == torch.float32 else 1e-2
-    torch.testing.assert_close(g, g0, atol=tol, rtol=tol)
+    vocab = b.logits.shape[-1]
+    bound = _logits_grad_bound(b.logits, b.targets, w, torch.zeros_like(w), temperature, [vocab, vocab], dtype, g0)
+    assert_within(g, g0, bound, "logits gradient")
     assert g.dtype == dtype and torch.equal(logits.detach(), b.logits)
 
 
@@ -132,13 +184,19 @@ def test_fused_loss_matches_compute_policy_loss(name, dp):
     loss.backward()
     eager_in = b.logits.clone().requires_grad_()
     lp0, h0 = eager_logprobs(eager_in, b.targets, 0.8)
+    lp0.retain_grad(), h0.retain_grad()
     loss0, metrics0 = oracle_loss(settings, lp0, h0, b, normalizer)
     loss0.backward()
-    torch.testing.assert_close(loss, loss0, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(logits.grad, eager_in.grad, atol=1e-6, rtol=1e-4)
+    # The loss weights each token's logprob and entropy by lp0.grad and h0.grad, summed over the tokens.
+    vocab, tokens = b.logits.shape[-1], len(b.targets)
+    bound = _logits_grad_bound(b.logits, b.targets, lp0.grad, h0.grad, 0.8, [tokens, vocab, vocab], torch.float32,
+                               eager_in.grad)
+    assert_within(logits.grad, eager_in.grad, bound, "logits gradient")
+    scalar = _loss_bound(b, lp0, h0, b.logits, 0.8, dp, settings.clip_ratio_c)
+    assert_within(loss, loss0, scalar, "loss")
     assert set(metrics) == set(metrics0)
     for key in metrics0:
-        torch.testing.assert_close(metrics[key], metrics0[key], atol=1e-5, rtol=1e-5, msg=key)
+        assert_within(metrics[key], metrics0[key], scalar, key)
 
 
 def test_fused_loss_rejects_gspo_naming_the_key():
