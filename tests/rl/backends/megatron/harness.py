@@ -7,19 +7,23 @@ global grad norm, so runs of different strategies and layouts can be compared te
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from transformers import AutoConfig
 
 from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.core.packing import pack_sequences
+from tests.testing import tolerances
 from tests.testing.ports import free_port
 
 LENGTHS = ((6, 9, 4, 7), (5, 8, 3, 10))  # sequences given to rank 0 and rank 1 in 2-rank runs
 VOCAB = 61  # odd: TP=2 pads the vocabulary to 62 and must mask the extra column
+STEP_SETTINGS = LossSettings(use_kl_loss=False, entropy_loss_coef=0.01, use_entropy_loss=True)  # `_one_step`'s
 
 
 def sequences(vocab: int) -> list[dict]:
@@ -51,20 +55,91 @@ def qwen_model(directory, hidden: int, layers: int) -> str:
     return save_model(Qwen2ForCausalLM(config), directory)
 
 
-def assert_same_step(got: dict, want: dict, atol: float = 2e-6) -> None:
-    """Two `run_step` results agree: metrics, grad norm, logprobs and entropy of loss tokens, every gradient."""
-    import pytest
+def model_logits(model_path: str, seqs: list[dict], temperature: float = 1.0) -> torch.Tensor:
+    """Each sequence alone through transformers, divided by the temperature: the logits every strategy's logprobs
+    and entropy come from, whose magnitude scales their rounding (`tolerances.logprob_gap`)."""
+    from transformers import AutoModelForCausalLM
 
+    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    with torch.no_grad():
+        return torch.cat([model(input_ids=s["input_ids"][None]).logits[0] for s in seqs]) / temperature
+
+
+def step_reductions(config, seqs: list[dict], backward: bool = True) -> list[int]:
+    """The reductions of one training step (`tolerances.decoder_reductions`) over `seqs`: the weight gradients sum
+    over every token of the step (`backward`), attention over the longest sequence; a mixture of experts adds its
+    router's softmax over the experts and the sum of the chosen experts' outputs per layer. Tensor, pipeline,
+    context, sequence and data parallelism split these same sums over ranks: they reorder them, which the bound
+    covers."""
+    get = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
+    reductions = tolerances.decoder_reductions(config, max(len(s["input_ids"]) for s in seqs),
+                                               sum(len(s["input_ids"]) for s in seqs) if backward else 0)
+    if get("num_local_experts"):
+        reductions += [get("num_local_experts"), get("num_experts_per_tok")] * get("num_hidden_layers")
+    return reductions
+
+
+def logprob_gap(model_path: str, seqs: list[dict], temperature: float = 1.0) -> float:
+    """`tolerances.logprob_gap` of the model at `model_path` on `seqs`: the forward's reductions relative to the
+    largest logit."""
+    config = AutoConfig.from_pretrained(model_path)
+    rtol = tolerances.network_rtol(step_reductions(config, seqs, backward=False), torch.float32)
+    return rtol * float(model_logits(model_path, seqs, temperature).abs().max())
+
+
+def assert_same_step(got: dict, want: dict, model_path: str, seqs: list[dict] | None = None,
+                     temperature: float = 1.0, settings: LossSettings = STEP_SETTINGS) -> None:
+    """Two `run_step` results of the model at `model_path` on `seqs` (the harness's by default) agree: metrics, grad
+    norm, logprobs and entropy of loss tokens, every gradient, each within the rounding of float32 computations of
+    the same sums in other orders (`tests.testing.tolerances`):
+    - logprobs: `logprob_gap` d; entropy H = -sum p log p moves by at most H * d when every
+      log-probability moves by at most d (dH = -sum p (d log p) log p), d itself when H < 1 (its own vocabulary sum);
+    - metrics, token means over the N loss tokens: pg_loss's terms -A * clip(r) with r = exp(logp - old) move by at
+      most |A| r e^d d, ppo_kl's by d, entropy's by H * d; each mean's own N-term sum adds 2 gamma_N of its terms'
+      magnitude; `loss` is pg_loss - coef * entropy; pg_clipfrac may count differently only the tokens whose ratio
+      lies within e^(+-d) of a clip edge, plus 2 gamma_N of it for its float32 shares' sum;
+    - gradients: `gradient_gap` of the step's reductions (`step_reductions`);
+    - grad norm: the gradients' gaps in the L2 norm, plus gamma_n of the norm for its own n-term sum of squares
+      (two orders differ by 2 gamma_n relative, which the square root halves).
+    """
+    seqs = seqs if seqs is not None else sequences(VOCAB)
+    config = AutoConfig.from_pretrained(model_path)
+    mask = torch.cat([s["loss_mask"] for s in seqs])
+    d = logprob_gap(model_path, seqs, temperature)
+    entropy = want["entropy"][mask].double()
+    tolerances.assert_within(got["logprobs"][mask], want["logprobs"][mask], d, "logprobs")
+    tolerances.assert_within(got["entropy"][mask], want["entropy"][mask], d * entropy.clamp(min=1), "entropy")
+
+    n = int(mask.sum())
+    two_gamma = 2 * tolerances.gamma(n, torch.float32)
+    logprob = want["logprobs"][mask].double()
+    old = torch.cat([s["old_logprobs"] for s in seqs])[mask].double()
+    advantages = torch.cat([s["advantages"] for s in seqs])[mask].double().abs()
+    ratio = torch.exp(logprob - old + d)  # the largest ratio either run can have
+    edges = torch.tensor([1 - settings.eps_clip_low, 1 + settings.eps_clip_high], dtype=torch.float64)
+    low, high = torch.exp(logprob - old - d), ratio
+    near_edge = ((low[:, None] <= edges) & (edges <= high[:, None])).any(dim=1)
+    magnitude = torch.maximum(ratio, edges[1])  # |clip(r)| <= max(r, 1 + eps_high)
+    bounds = {
+        "pg_loss": float((advantages * ratio * d + two_gamma * advantages * magnitude).sum()) / n,
+        "entropy": float((entropy.clamp(min=1) * d + two_gamma * entropy).sum()) / n,
+        "ppo_kl": float((d + two_gamma * (logprob - old).abs()).sum()) / n,
+        # each share of the count is divided by N and rounded, the shares then summed in any order
+        "pg_clipfrac": float(near_edge.sum()) / n + two_gamma * abs(want["metrics"].get("pg_clipfrac", 0.0)),
+    }
+    bounds["loss"] = bounds["pg_loss"] + settings.entropy_loss_coef * bounds["entropy"]
     assert got["metrics"].keys() == want["metrics"].keys()
     for name, value in want["metrics"].items():
-        assert got["metrics"][name] == pytest.approx(value, abs=atol), name
-    assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
-    mask = torch.cat([s["loss_mask"] for s in sequences(VOCAB)])
-    torch.testing.assert_close(got["logprobs"][mask], want["logprobs"][mask], rtol=0, atol=atol)
-    torch.testing.assert_close(got["entropy"][mask], want["entropy"][mask], rtol=0, atol=atol)
+        tolerances.assert_within(torch.tensor(got["metrics"][name]), torch.tensor(value), bounds[name], name)
+
+    reductions = step_reductions(config, seqs)
+    gaps = {name: tolerances.gradient_gap(grad, reductions) for name, grad in want["grads"].items()}
     for name, grad in want["grads"].items():
-        scale = float(grad.abs().max()) or 1.0
-        torch.testing.assert_close(got["grads"][name], grad, rtol=0, atol=1e-4 * scale, msg=name)
+        tolerances.assert_within(got["grads"][name], grad, gaps[name], name)
+    numel = sum(grad.numel() for grad in want["grads"].values())
+    norm_gap = (math.sqrt(sum(want["grads"][name].numel() * gap**2 for name, gap in gaps.items()))
+                + tolerances.gamma(numel, torch.float32) * want["grad_norm"])
+    tolerances.assert_within(torch.tensor(got["grad_norm"]), torch.tensor(want["grad_norm"]), norm_gap, "grad_norm")
 
 
 def shard_batches(vocab: int, dp_size: int, micro_batches: int = 1):
@@ -129,7 +204,7 @@ def _one_step(info, strategy: str, options: dict, model_path: str, vocab: int) -
     shards, seqs = shard_batches(vocab, layout.size, micro_batches)
     mine = shards[layout.index]
     logprobs = [backend.logprobs(batch, with_entropy=True) for batch in mine]
-    settings = LossSettings(use_kl_loss=False, entropy_loss_coef=0.01, use_entropy_loss=True)
+    settings = STEP_SETTINGS
     tokens = sum(int(s["loss_mask"].sum()) for s in seqs)
     normalizer = LossNormalizer.from_counts("token_mean", tokens, len(seqs), dp_world_size=layout.size)
     metrics = backend.train_micro_batches(mine, settings, normalizer)

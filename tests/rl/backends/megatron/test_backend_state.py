@@ -6,11 +6,19 @@ import os
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from rl.backends.logits import token_logprobs
 from rl.core.packing import PackedBatch
 from tests.rl.backends.megatron.harness import run_state_round_trips
+from tests.testing import tolerances
 
 VOCAB = 61
 
@@ -58,13 +66,15 @@ def test_checkpoint_restores_training_and_export_loads_in_transformers(model_pat
     original = AutoModelForCausalLM.from_pretrained(model_path).eval()
     mask = batch.loss_mask
     with torch.no_grad():
-        exported = PackedBatch.align_to_targets(token_logprobs(_per_sequence_logits(loaded, batch),
-                                                               batch.prediction_targets()))
+        logits = _per_sequence_logits(loaded, batch)
+        exported = PackedBatch.align_to_targets(token_logprobs(logits, batch.prediction_targets()))
         before = PackedBatch.align_to_targets(token_logprobs(_per_sequence_logits(original, batch),
                                                              batch.prediction_targets()))
     # trained_logprobs: the first backend after its second step, whose weights the restored backend reproduced
-    torch.testing.assert_close(exported[mask], result["trained_logprobs"][mask], rtol=0, atol=1e-5)
-    assert not torch.allclose(before[mask], exported[mask], atol=1e-4), "the export must hold trained weights"
+    # megatron's packed forward and transformers' per-sequence one: the same sums in other orders
+    gap = tolerances.logprob_gap(loaded.config, logits, int(batch.seq_lengths.max()))
+    tolerances.assert_within(exported[mask], result["trained_logprobs"][mask], gap, "exported logprobs")
+    assert (before[mask] - exported[mask]).abs().max() > gap, "the export must hold trained weights"
     # the training checkpoint converts to HF too: transformers on the converted weights gives the logprobs megatron
     # gave with the weights it saved (after the first step; the second step moved them, so this is no other step's)
     from rl.backends.megatron.hf_io import megatron_checkpoint_to_hf
@@ -72,11 +82,12 @@ def test_checkpoint_restores_training_and_export_loads_in_transformers(model_pat
     converted = os.path.join(os.path.dirname(result["export"]), "ckpt_hf")
     megatron_checkpoint_to_hf(os.path.join(os.path.dirname(result["export"]), "ckpt"), converted)
     with torch.no_grad():
-        restored = PackedBatch.align_to_targets(token_logprobs(
-            _per_sequence_logits(AutoModelForCausalLM.from_pretrained(converted).eval(), batch),
-            batch.prediction_targets()))
-    torch.testing.assert_close(restored[mask], result["saved_logprobs"][mask], rtol=0, atol=1e-5)
-    assert not torch.allclose(restored[mask], exported[mask], atol=1e-4), "the checkpoint holds the first step's"
+        restored_model = AutoModelForCausalLM.from_pretrained(converted).eval()
+        logits = _per_sequence_logits(restored_model, batch)
+        restored = PackedBatch.align_to_targets(token_logprobs(logits, batch.prediction_targets()))
+    gap = tolerances.logprob_gap(restored_model.config, logits, int(batch.seq_lengths.max()))
+    tolerances.assert_within(restored[mask], result["saved_logprobs"][mask], gap, "restored logprobs")
+    assert (restored[mask] - exported[mask]).abs().max() > gap, "the checkpoint holds the first step's"
 
 
 def _per_sequence_logits(model, batch: PackedBatch) -> torch.Tensor:
@@ -110,9 +121,17 @@ def test_expert_parallel_checkpoint_restores_training(tmp_path_factory):
         assert torch.equal(result["got_state"][name], tensor), name
 
 
-def test_optimizer_cpu_offload_trains_like_the_device_optimizer(results):
+def test_optimizer_cpu_offload_trains_like_the_device_optimizer(results, model_path):
     """Host masters and moments (optimizer_cpu_offload) take the same two steps as the plain AdamW."""
     offloaded, plain = results["tp2-optimizer-offload"], results["tp2"]
-    torch.testing.assert_close(offloaded["trained_logprobs"], plain["trained_logprobs"], rtol=0, atol=1e-6)
+    # Two AdamW steps at lr <= 1e-2 (the warm-up only lowers it): the two optimizers' update arithmetic and weight
+    # writes round differently, and the second step's gradients then differ by the rounding of this model's
+    # forward and backward over the batch (`tolerances.adam_bulk_gap`).
+    batch: PackedBatch = plain["batch"]
+    config = AutoConfig.from_pretrained(model_path)
+    grad_rtol = tolerances.network_rtol(tolerances.decoder_reductions(
+        config, int(batch.seq_lengths.max()), batch.num_tokens), torch.float32)
     for name, tensor in plain["expected_state"].items():
-        torch.testing.assert_close(offloaded["expected_state"][name], tensor, rtol=0, atol=1e-6, msg=name)
+        bound = tolerances.adam_bulk_gap(tensor, 1e-2, 2, grad_rtol, torch.float32)
+        tolerances.assert_within(offloaded["expected_state"][name], tensor, bound, name)
+    torch.testing.assert_close(offloaded["trained_logprobs"], plain["trained_logprobs"], rtol=0, atol=1e-6)
