@@ -4,6 +4,7 @@ file or a module that fails to import is refused before anything expensive start
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -48,31 +49,27 @@ def _module_from_file(path: str, key: str):
         raise UserCodeError(f"{key}: {path} cannot be loaded as a Python module (it should end in .py)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    sigints = real_sigints()
     try:
-        with counting_sigints():
+        with exits_as_errors():
             spec.loader.exec_module(module)
-    except (Exception, SystemExit, KeyboardInterrupt) as error:
+    except BaseException as error:
         del sys.modules[module_name]
-        if not user_raised(error, sigints):
+        if not isinstance(error, Exception):  # a real Ctrl-C
             raise
         raise UserCodeError(f"{key}: importing {path} failed: {exit_text(error)}") from error
     return module
 
 
 def _module_by_name(name: str, key: str):
-    sigints = real_sigints()
     try:
-        with counting_sigints():
+        with exits_as_errors():
             return importlib.import_module(name)
     except ModuleNotFoundError as error:
         if error.name and name.startswith(error.name):
             raise UserCodeError(f"{key}: no module named '{name}' on the Python path; give a file path "
                                 "('path/to/file.py:name') or install the package") from error
         raise UserCodeError(f"{key}: importing {name} failed: {error}") from error
-    except (Exception, SystemExit, KeyboardInterrupt) as error:
-        if not user_raised(error, sigints):
-            raise
+    except Exception as error:
         raise UserCodeError(f"{key}: importing {name} failed: {exit_text(error)}") from error
 
 
@@ -120,16 +117,11 @@ class counting_sigints:
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def user_raised(error: BaseException, sigints_before: int) -> bool:
-    """Whether `error` comes from user code: any Exception, a SystemExit, or a KeyboardInterrupt while no real
-    SIGINT arrived since `real_sigints()` was `sigints_before`."""
-    if isinstance(error, KeyboardInterrupt):
-        return real_sigints() == sigints_before
-    return isinstance(error, Exception | SystemExit)
-
-
 def exit_text(error: BaseException) -> str:
-    """An error as a message shows it; a SystemExit or KeyboardInterrupt with what it would have done instead."""
+    """An error as a message shows it; a SystemExit or KeyboardInterrupt (or the `UserExit` made of one) with what
+    to do instead."""
+    if isinstance(error, UserExit):
+        return str(error)
     if isinstance(error, SystemExit):
         return (f"it called sys.exit({error.code!r}) (SystemExit); user code may not end the run, raise an exception "
                 "instead")
@@ -138,17 +130,24 @@ def exit_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def call_guarded(fn: Callable, *args, **kwargs):
-    """`fn(*args, **kwargs)` with a SystemExit, or a KeyboardInterrupt that no real SIGINT caused, turned into
-    `UserExit` (a real Ctrl-C still raises KeyboardInterrupt)."""
+@contextlib.contextmanager
+def exits_as_errors():
+    """Runs user code: a SystemExit, or a KeyboardInterrupt that no real SIGINT caused, comes out as `UserExit`
+    (a real Ctrl-C still raises KeyboardInterrupt)."""
     sigints = real_sigints()
     try:
         with counting_sigints():
-            return fn(*args, **kwargs)
+            yield
     except (SystemExit, KeyboardInterrupt) as error:
-        if not user_raised(error, sigints):
+        if isinstance(error, KeyboardInterrupt) and real_sigints() != sigints:
             raise
         raise UserExit(exit_text(error)) from error
+
+
+def call_guarded(fn: Callable, *args, **kwargs):
+    """`fn(*args, **kwargs)` under `exits_as_errors`."""
+    with exits_as_errors():
+        return fn(*args, **kwargs)
 
 
 class UserExit(RuntimeError):

@@ -25,10 +25,10 @@ def non_finite_rewards(rewards: Tensor, rollouts: Sequence, records: Sequence, s
     """How many of `rewards` are not finite (`rollouts[b]` answers `records[rollouts[b].prompt_index]`, `source`
     says what scored them). With `mode` fail the first one ends the run, naming `source` and its row; with skip a
     warning names it and the caller skips the step's update."""
-    bad = [b for b in range(len(rewards)) if not math.isfinite(float(rewards[b]))]
-    if not bad:
+    bad = (~torch.isfinite(rewards)).nonzero().flatten()
+    if not len(bad):
         return 0
-    first = bad[0]
+    first = int(bad[0])
     where = describe_row(records[rollouts[first].prompt_index])
     line = (f"{source} gave reward {float(rewards[first])} on {where} ({len(bad)} non-finite reward(s) in this "
             "batch)")
