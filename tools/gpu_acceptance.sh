@@ -79,6 +79,7 @@ LANE_A=(
   tests/rl/backends/test_offload_gpu.py
   tests/rl/backends/test_hidden_loss.py
   tests/rl/backends/test_lora.py
+  tests/rl/backends/test_bf16.py
   tests/rl/core/generation/test_weight_transports_gpu.py
   tests/rl/backends/megatron/test_gpu.py
   tests/rl/trainer/test_train_gpu.py

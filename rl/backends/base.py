@@ -16,11 +16,12 @@ import torch
 from torch import Tensor, nn
 
 from rl.backends.dist import DistInfo
-from rl.backends.hf_forward import batch_logprobs
+from rl.backends.hf_forward import batch_logprobs, batch_values
 from rl.backends.hidden_loss import hidden_logprobs, hidden_policy_loss
 from rl.backends.ulysses import SequenceParallel, gradient_scale
 from rl.backends.weight_sync import Bucket, bucketed
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
+from rl.core.algorithms.value_loss import ValueLossSettings, compute_value_loss
 from rl.core.packing import PackedBatch
 
 
@@ -39,7 +40,7 @@ class ModelSpec:
     """What a backend builds: which weights, for which role, with which of the run's settings."""
 
     path: str
-    role: str  # "policy" or "ref"
+    role: str  # "policy", "ref" or "critic" (a value head in place of the LM head: `rl.backends.value_head`)
     temperature: float
     gradient_checkpointing: bool = False
     lr: float = 1e-6
@@ -53,6 +54,8 @@ class ModelSpec:
     fused_chunk_size: int | None = None  # trainer.policy.fused_kernel_chunk_size
     lora: dict | None = None  # trainer.policy.model.lora when rank > 0 (policy only): adapters on the base model
     sequence_parallel_size: int = 1  # trainer.policy.sequence_parallel_size: Ulysses over groups of this many ranks
+    bf16: bool | None = None  # trainer.bf16: bf16 compute, fp32 master weights (`precision.bf16_compute`)
+    flash_attn: bool | None = None  # trainer.flash_attn (`hf_model.attention_implementation`)
 
 
 class TrainingBackend(abc.ABC):
@@ -73,7 +76,23 @@ class TrainingBackend(abc.ABC):
 
     @property
     def trainable(self) -> bool:
-        return self.spec.role == "policy"
+        return self.spec.role in ("policy", "critic")
+
+    @property
+    def is_critic(self) -> bool:
+        return self.spec.role == "critic"
+
+    def load_model(self, sequence_parallel: bool = False) -> nn.Module:
+        """The Hugging Face model at spec.path on this rank's device; a critic with its value head."""
+        from rl.backends.hf_model import load_causal_lm
+
+        model = load_causal_lm(self.spec.path, self.dist.device, sequence_parallel, self.spec.flash_attn,
+                               self.spec.bf16)
+        if self.is_critic:
+            from rl.backends.value_head import attach_value_head
+
+            attach_value_head(model, self.spec.path)
+        return model
 
     # --- what a strategy implements -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -193,8 +212,18 @@ class TrainingBackend(abc.ABC):
         """Per micro-batch token logprobs of this rank's shard; None on a rank that does not report them."""
         return [self.logprobs(batch, with_entropy)[0] for batch in batches]
 
-    def train_micro_batches(self, batches: list[PackedBatch], settings: LossSettings, normalizer: LossNormalizer
-                            ) -> dict[str, float] | None:
+    def values_micro_batches(self, batches: list[PackedBatch]) -> list[Tensor] | None:
+        """A critic's per micro-batch values of this rank's shard (`hf_forward.batch_values`); None on a rank that
+        does not report them."""
+        return [self.values(batch) for batch in batches]
+
+    @torch.no_grad()
+    def values(self, batch: PackedBatch) -> Tensor:
+        self.forward_module().eval()
+        return batch_values(self.forward_module(), batch.to(self.dist.device), self.sp).cpu()
+
+    def train_micro_batches(self, batches: list[PackedBatch], settings: LossSettings | ValueLossSettings,
+                            normalizer: LossNormalizer) -> dict[str, float] | None:
         """Accumulates the gradients of this shard's micro-batches (the optimizer step follows); returns the
         shard's share of the mini-batch metrics (summed over shards by the driver), or None on a rank that does
         not report them."""
@@ -219,15 +248,21 @@ class TrainingBackend(abc.ABC):
     def backward(self, loss: Tensor, last_micro_batch: bool) -> None:
         loss.backward()
 
-    def forward_backward(self, batch: PackedBatch, settings: LossSettings, normalizer: LossNormalizer,
-                         last_micro_batch: bool = True) -> dict[str, float]:
-        """Adds this micro-batch's share of the mini-batch loss gradient; returns its share of the metrics.
-        `last_micro_batch` marks the end of the accumulation window (the optimizer step follows)."""
+    def forward_backward(self, batch: PackedBatch, settings: LossSettings | ValueLossSettings,
+                         normalizer: LossNormalizer, last_micro_batch: bool = True) -> dict[str, float]:
+        """Adds this micro-batch's share of the mini-batch loss gradient (the policy's, or a critic's value loss
+        with `ValueLossSettings`); returns its share of the metrics. `last_micro_batch` marks the end of the
+        accumulation window (the optimizer step follows)."""
         real = batch.num_tokens > 0
         batch = (batch if real else placeholder_batch()).to(self.dist.device)
         self.forward_module().train()
         spec = self.spec
-        if spec.fused_kernels:  # the loss from hidden states and the LM-head weight, chunked (no logits)
+        if self.is_critic:
+            values = batch_values(self.forward_module(), batch, self.sp)
+            loss, metrics = compute_value_loss(settings, values, batch.old_values, batch.returns, batch.loss_mask,
+                                               normalizer, seq_ids=batch.token_seq_ids(),
+                                               num_sequences=batch.num_sequences)
+        elif spec.fused_kernels:  # the loss from hidden states and the LM-head weight, chunked (no logits)
             loss, metrics = hidden_policy_loss(self.forward_module(), batch, settings, normalizer, spec.temperature,
                                                spec.kernels, spec.fused_chunk_size, self.defer_tied_head_grad)
         else:
@@ -287,4 +322,5 @@ def placeholder_batch() -> PackedBatch:
     return pack_sequences([{
         "input_ids": torch.zeros(2, dtype=torch.long), "loss_mask": torch.zeros(2, dtype=torch.bool),
         "advantages": torch.zeros(2), "old_logprobs": torch.zeros(2), "ref_logprobs": torch.zeros(2),
+        "old_values": torch.zeros(2), "returns": torch.zeros(2),
     }])

@@ -16,19 +16,19 @@ from torch import Tensor
 
 from rl.backends.base import TrainingBackend, weights_finite
 from rl.backends.deepspeed_config import merged_section
-from rl.backends.hf_model import load_causal_lm
 from rl.backends.lora import add_lora, is_adapter, with_base, write_adapter_config
+from rl.backends.precision import bf16_compute
 from rl.backends.weight_sync import Bucket, rank0_buckets
 
 CHECKPOINT_TAG = "state"
 
 
-def engine_config(section: str, user: dict, max_grad_norm: float, cuda: bool) -> dict:
+def engine_config(section: str, user: dict, max_grad_norm: float, bf16: bool) -> dict:
     config = merged_section(section, user)
     config.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1)
     if section == "train":
         config.setdefault("gradient_clipping", max_grad_norm)
-    config.setdefault("bf16", {"enabled": cuda})
+    config.setdefault("bf16", {"enabled": bf16})  # a `bf16` block of deepspeed_config wins
     return config
 
 
@@ -36,14 +36,14 @@ class DeepSpeedBackend(TrainingBackend):
     def build(self) -> None:
         import deepspeed
 
-        spec, cuda = self.spec, self.dist.device.type == "cuda"
-        model = load_causal_lm(spec.path, self.dist.device)
+        spec, bf16 = self.spec, bf16_compute(self.spec.bf16, self.dist.device)
+        model = self.load_model()
         if spec.lora:
             add_lora(model, spec.lora, spec.path)
         if spec.gradient_checkpointing and self.trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         section = "train" if self.trainable else "eval"
-        self.config = engine_config(section, spec.backend_options or {}, spec.max_grad_norm, cuda)
+        self.config = engine_config(section, spec.backend_options or {}, spec.max_grad_norm, bf16)
         if self.trainable:
             self.make_optimizer([p for p in model.parameters() if p.requires_grad])
         else:

@@ -97,4 +97,4 @@ class DeepSpeedStrategy(StrategyConfig):
 
     def backend_options(self, cfg, role: str) -> dict:
         block = cfg.blocks[BLOCK]
-        return dict(block.train if role == "policy" else block.eval)
+        return dict(block.eval if role == "ref" else block.train)  # the critic trains with the policy's settings

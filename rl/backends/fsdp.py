@@ -20,9 +20,9 @@ from torch.distributed.fsdp.wrap import _or_policy, lambda_auto_wrap_policy, tra
 from rl.backends.base import TrainingBackend
 from rl.backends.dcp_checkpoint import DCPCheckpointMixin
 from rl.backends.fsdp_config import FSDPConfig, offloads
-from rl.backends.hf_model import load_causal_lm
 from rl.backends.lora import add_lora
 from rl.backends.mesh import decoder_layers, device_mesh
+from rl.backends.precision import bf16_compute
 from rl.backends.weight_sync import Bucket, rank0_buckets
 
 
@@ -36,7 +36,7 @@ class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
     def build(self) -> None:
         spec, device = self.spec, self.dist.device
         options = FSDPConfig.from_options(spec.backend_options)  # policy CPU offload is refused at config load
-        model = load_causal_lm(spec.path, device, sequence_parallel=spec.sequence_parallel_size > 1)
+        model = self.load_model(sequence_parallel=spec.sequence_parallel_size > 1)
         self.use_sequence_parallel(model)
         if spec.lora:
             add_lora(model, spec.lora, spec.path)
@@ -60,7 +60,7 @@ class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
             # (fp32 activations) while its adapter units compute in bf16.
             mixed_precision=(MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                                             cast_forward_inputs=True)
-                             if device.type == "cuda" else None),
+                             if bf16_compute(spec.bf16, device) else None),
             device_id=device,
             use_orig_params=True,
             ignored_states=self._ignored(model, options.fsdp_size if hybrid else self.dist.world_size),

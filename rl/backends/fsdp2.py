@@ -14,9 +14,9 @@ from torch.distributed.tensor import DTensor
 from rl.backends.base import TrainingBackend
 from rl.backends.dcp_checkpoint import DCPCheckpointMixin
 from rl.backends.fsdp_config import FSDPConfig, offloads
-from rl.backends.hf_model import load_causal_lm
 from rl.backends.lora import add_lora
 from rl.backends.mesh import decoder_layers, device_mesh
+from rl.backends.precision import bf16_compute
 from rl.backends.weight_sync import Bucket, rank0_buckets
 
 
@@ -25,7 +25,7 @@ class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
 
     def build(self) -> None:
         spec, options = self.spec, FSDPConfig.from_options(self.spec.backend_options)
-        model = load_causal_lm(spec.path, self.dist.device, sequence_parallel=spec.sequence_parallel_size > 1)
+        model = self.load_model(sequence_parallel=spec.sequence_parallel_size > 1)
         self.use_sequence_parallel(model)
         if spec.lora:
             add_lora(model, spec.lora, spec.path)
@@ -35,7 +35,7 @@ class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
             "mesh": device_mesh(self.dist.device, self.dist.world_size, options.fsdp_size),
             "reshard_after_forward": options.reshard_after_forward,
         }
-        if self.dist.device.type == "cuda":
+        if bf16_compute(spec.bf16, self.dist.device):
             shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if offloads(options, self.dist.device.type, self.dist.is_main):
             shard_kwargs["offload_policy"] = CPUOffloadPolicy()

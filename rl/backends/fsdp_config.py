@@ -15,11 +15,13 @@ from rl.core.config.strategies import StrategyConfig, local_model_config
 
 POLICY_BLOCK = "trainer.policy.fsdp_config"
 REF_BLOCK = "trainer.ref.fsdp_config"
+CRITIC_BLOCK = "trainer.critic.fsdp_config"
+BLOCK_OF_ROLE = {"policy": POLICY_BLOCK, "ref": REF_BLOCK, "critic": CRITIC_BLOCK}
 
 
 @dataclass(kw_only=True)
 class FSDPConfig:
-    """Knobs of the `fsdp` and `fsdp2` strategies, for one model (policy or reference)."""
+    """Knobs of the `fsdp` and `fsdp2` strategies, for one model (policy, reference or critic)."""
 
     cpu_offload: bool = False
     """Keep parameters (and, for the policy, gradients and optimizer state) in host memory between uses.
@@ -65,7 +67,7 @@ def _dtensor_keys() -> dict[str, str]:
 class FSDP2Strategy(StrategyConfig):
     name = "fsdp2"
     backend = "rl.backends.fsdp2:FSDP2Backend"
-    blocks: ClassVar[dict[str, type]] = {POLICY_BLOCK: FSDPConfig, REF_BLOCK: FSDPConfig}
+    blocks: ClassVar[dict[str, type]] = {POLICY_BLOCK: FSDPConfig, REF_BLOCK: FSDPConfig, CRITIC_BLOCK: FSDPConfig}
     nemo_flags = ("policy.dtensor_cfg.enabled", "policy.dtensor_config.enabled")
     nemo_priority = 1
     nemo_keys: ClassVar[dict[str, str]] = _dtensor_keys()
@@ -74,10 +76,11 @@ class FSDP2Strategy(StrategyConfig):
 
     def check(self, cfg, problems: Problems) -> None:
         check_rules(cfg, problems, [special_or_at_least_one(f"{key}.fsdp_size", -1, "whole world")
-                                    for key in (POLICY_BLOCK, REF_BLOCK)])
+                                    for key in (POLICY_BLOCK, REF_BLOCK, CRITIC_BLOCK)])
         check_ulysses(cfg, problems)
         for model, key, world in (("policy", POLICY_BLOCK, policy_world_size(cfg)),
-                                  ("ref", REF_BLOCK, ref_world_size(cfg))):
+                                  ("ref", REF_BLOCK, ref_world_size(cfg)),
+                                  ("policy", CRITIC_BLOCK, policy_world_size(cfg))):
             size = cfg.blocks[key].fsdp_size
             if size >= 1 and world >= 1 and world % size:
                 problems.add(f"{key}.fsdp_size",
@@ -86,7 +89,7 @@ class FSDP2Strategy(StrategyConfig):
                              f"divisor of {world}")
 
     def backend_options(self, cfg, role: str) -> dict:
-        return dataclasses.asdict(cfg.blocks[POLICY_BLOCK if role == "policy" else REF_BLOCK])
+        return dataclasses.asdict(cfg.blocks[BLOCK_OF_ROLE[role]])
 
 
 class FSDPStrategy(FSDP2Strategy):
@@ -97,11 +100,12 @@ class FSDPStrategy(FSDP2Strategy):
 
     def check(self, cfg, problems: Problems) -> None:
         super().check(cfg, problems)
-        if cfg.blocks[POLICY_BLOCK].cpu_offload:
-            problems.add(POLICY_BLOCK + ".cpu_offload",
-                         "cannot be true with trainer.strategy=fsdp: FSDP1 cannot accumulate gradients outside "
-                         "no_sync with CPU offload. Use trainer.strategy=fsdp2, or offload only the reference model "
-                         f"({REF_BLOCK}.cpu_offload=true)")
+        for block in (POLICY_BLOCK, CRITIC_BLOCK):  # the two trained models
+            if cfg.blocks[block].cpu_offload:
+                problems.add(block + ".cpu_offload",
+                             "cannot be true with trainer.strategy=fsdp: FSDP1 cannot accumulate gradients outside "
+                             "no_sync with CPU offload. Use trainer.strategy=fsdp2, or offload only the reference "
+                             f"model ({REF_BLOCK}.cpu_offload=true)")
 
 
 def check_ulysses(cfg, problems: Problems) -> None:

@@ -133,9 +133,21 @@ def batch_logprobs(model: nn.Module, batch: PackedBatch, temperature: float, wit
     scored = scored_logits(model, batch, sp)
     logprobs, entropy = token_logprobs_and_entropy(scored.logits, batch.input_ids[scored.targets_at], temperature,
                                                    kernels, with_entropy)
+    return (_spread(logprobs, scored.targets_at, batch, sp),
+            _spread(entropy, scored.targets_at, batch, sp) if with_entropy else None)
 
-    def spread(values: Tensor) -> Tensor:
-        whole = values.new_zeros(batch.num_tokens).index_put((scored.targets_at,), values)
-        return whole if sp is None else sum_over_group(whole, sp)
 
-    return spread(logprobs), (spread(entropy) if with_entropy else None)
+def batch_values(model: nn.Module, batch: PackedBatch, sp: SequenceParallel | None = None) -> Tensor:
+    """[N] values of a critic (a causal LM whose output head is `rl.backends.value_head`'s one-output head), aligned
+    with the target token like the logprobs: entry t is the head's output at position t - 1, the state before
+    token t; computed where the loss mask is set, 0 elsewhere."""
+    if batch.num_tokens == 0:
+        return batch.input_ids.new_zeros(0, dtype=torch.float32)
+    scored = scored_logits(model, batch, sp)
+    return _spread(scored.logits[:, 0].float(), scored.targets_at, batch, sp)
+
+
+def _spread(values: Tensor, targets_at: Tensor, batch: PackedBatch, sp: SequenceParallel | None) -> Tensor:
+    """Per-position values onto the batch's [N] tokens (every rank of a sequence-parallel group gets them all)."""
+    whole = values.new_zeros(batch.num_tokens).index_put((targets_at,), values)
+    return whole if sp is None else sum_over_group(whole, sp)

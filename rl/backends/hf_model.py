@@ -9,11 +9,28 @@ import torch
 from torch import Tensor, nn
 
 
-def attention_implementation(device: torch.device, sequence_parallel: bool = False) -> str:
-    """flash_attention_2 on GPU when installed, else PyTorch sdpa with per-sequence attention for packed rows
+def attention_implementation(device: torch.device, sequence_parallel: bool = False, flash_attn: bool | None = None,
+                             bf16: bool | None = None) -> str:
+    """flash_attention_2 or PyTorch sdpa with per-sequence attention for packed rows
     (`rl.backends.varlen_attention`); both take a packed row's boundaries from the flash-attention packing kwargs.
+    `flash_attn` is trainer.flash_attn: true asks for flash_attention_2 (a ValueError where it cannot run: without
+    the flash-attn package, off a GPU, or in float32, which its kernels do not take), false for sdpa_varlen, null
+    for flash_attention_2 where it can run (the fallback printed on a GPU). `bf16` is trainer.bf16 (null: on a GPU).
     With `sequence_parallel` the same inside Ulysses' all-to-alls."""
-    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+    from rl.backends.precision import bf16_compute
+
+    blockers = [why for why, blocked in (
+        ("the flash-attn package is not installed", importlib.util.find_spec("flash_attn") is None),
+        (f"the device is {device.type}, not a GPU", device.type != "cuda"),
+        ("trainer.bf16 is false (its kernels take bf16 and fp16 only)", not bf16_compute(bf16, device)),
+    ) if blocked]
+    if flash_attn and blockers:
+        raise ValueError(f"trainer.flash_attn is true, but {'; '.join(blockers)}: set trainer.flash_attn=null "
+                         "(flash-attention where it can run) or false (PyTorch SDPA)")
+    if flash_attn is None and device.type == "cuda" and blockers:
+        print(f"trainer.flash_attn: attention runs through PyTorch SDPA per sequence (sdpa_varlen): "
+              f"{'; '.join(blockers)}", flush=True)
+    if flash_attn is not False and not blockers:
         name = "flash_attention_2"
     else:
         from rl.backends import varlen_attention
@@ -26,29 +43,38 @@ def attention_implementation(device: torch.device, sequence_parallel: bool = Fal
     return name
 
 
-def load_causal_lm(path: str, device: torch.device, sequence_parallel: bool = False) -> nn.Module:
-    """An HF causal LM in fp32 on `device`; with `sequence_parallel` its attention runs through Ulysses
-    (`rl.backends.ulysses`, inactive until the backend attaches a group)."""
+def load_causal_lm(path: str, device: torch.device, sequence_parallel: bool = False, flash_attn: bool | None = None,
+                   bf16: bool | None = None) -> nn.Module:
+    """An HF causal LM in fp32 on `device` (mixed precision is the strategy's); with `sequence_parallel` its
+    attention runs through Ulysses (`rl.backends.ulysses`, inactive until the backend attaches a group);
+    `flash_attn` and `bf16` pick the attention kernel (`attention_implementation`)."""
     from transformers import AutoModelForCausalLM
 
     if not os.path.isdir(os.path.expanduser(path)) and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise FileNotFoundError(f"trainer.policy.model.path: no model directory at '{path}' (hub access is off)")
-    model = AutoModelForCausalLM.from_pretrained(
-        os.path.expanduser(path), dtype=torch.float32, attn_implementation=attention_implementation(device,
-                                                                                                  sequence_parallel)
-    )
+    attention = attention_implementation(device, sequence_parallel, flash_attn, bf16)
+    model = AutoModelForCausalLM.from_pretrained(os.path.expanduser(path), dtype=torch.float32,
+                                                 attn_implementation=attention)
     model.config.use_cache = False
     return model.to(device)
 
 
-def save_hf_checkpoint(model_path: str, state_dict: dict[str, Tensor], output_dir: str) -> None:
+def save_hf_checkpoint(model_path: str, state_dict: dict[str, Tensor], output_dir: str, critic: bool = False
+                       ) -> None:
     """Writes `state_dict` (HF names) as a checkpoint `from_pretrained` loads, with the source's config and
-    tokenizer files; the directory appears complete or not at all (written beside, then renamed)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    tokenizer files; the directory appears complete or not at all (written beside, then renamed). A `critic`'s
+    state (`rl.backends.value_head`) is written as a one-label token classifier."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
-    config = AutoConfig.from_pretrained(model_path)
+    if critic:
+        from rl.backends.value_head import critic_config, hf_critic_state
+
+        config, auto = critic_config(model_path), AutoModelForTokenClassification
+        state_dict = hf_critic_state(state_dict)
+    else:
+        config, auto = AutoConfig.from_pretrained(model_path), AutoModelForCausalLM
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
+        skeleton = auto.from_config(config)
     staging = output_dir.rstrip("/") + ".partial"
     os.makedirs(staging, exist_ok=True)
     skeleton.save_pretrained(staging, state_dict=without_tied_copy(skeleton, state_dict), safe_serialization=True)

@@ -1,4 +1,4 @@
-"""A training worker: one rank of the SPMD group, holding the policy (and the reference) backend.
+"""A training worker: one rank of the SPMD group, holding the policy (and the reference, and a critic) backend.
 
 The driver sends each data-parallel shard's micro-batches once to the ranks of that shard (its model-parallel group)
 and reads the results of the rank that reports them; the worker builds its backends from the class the strategy names
@@ -18,7 +18,10 @@ from rl.backends.dist import init_distributed
 from rl.backends.lifeline import exit_with_parent
 from rl.backends.registry import build_backend
 from rl.core.algorithms import LossNormalizer, LossSettings
+from rl.core.algorithms.value_loss import ValueLossSettings
 from rl.core.packing import PackedBatch
+
+CRITIC_DIR = "critic"  # the critic's part of a checkpoint and of an export
 
 
 class TrainingWorker:
@@ -26,7 +29,7 @@ class TrainingWorker:
         exit_with_parent()
         pin_to_assigned_cores()
         self.rank, self.world_size, self.seed = rank, world_size, seed
-        self.policy = self.ref = None
+        self.policy = self.ref = self.critic = None
 
     def where(self) -> str:
         """Host, Ray node and process of this rank, for the run's log and its error messages."""
@@ -42,13 +45,15 @@ class TrainingWorker:
             return socket.gethostbyname(socket.gethostname()), sock.getsockname()[1]
 
     def setup(self, master_addr: str, master_port: int, backend: str, policy: ModelSpec | None,
-              ref: ModelSpec | None) -> None:
-        """Builds the policy and/or the reference model (a group of its own may hold only the reference)."""
+              ref: ModelSpec | None, critic: ModelSpec | None = None) -> None:
+        """Builds the policy and/or the reference model (a group of its own may hold only the reference), and the
+        critic beside the policy."""
         torch.manual_seed(self.seed)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         dist_info = init_distributed(self.rank, self.world_size, master_addr, master_port)
         self.policy = build_backend(backend, policy, dist_info) if policy is not None else None
         self.ref = build_backend(backend, ref, dist_info) if ref is not None else None
+        self.critic = build_backend(backend, critic, dist_info) if critic is not None else None
 
     def data_parallel_rank(self) -> DataParallelRank:
         return (self.policy or self.ref).data_parallel_rank()
@@ -61,22 +66,35 @@ class TrainingWorker:
         backend = self.policy if model == "policy" else self.ref
         return backend.logprobs_micro_batches(micro_batches, with_entropy)
 
-    def train_mini_batch(self, micro_batches: list[PackedBatch], settings: LossSettings, normalizer: LossNormalizer
+    def values(self, micro_batches: list[PackedBatch]) -> list[torch.Tensor] | None:
+        """The critic's values of this shard's micro-batches."""
+        return self.critic.values_micro_batches(micro_batches)
+
+    def train_mini_batch(self, micro_batches: list[PackedBatch], settings: LossSettings | ValueLossSettings,
+                         normalizer: LossNormalizer, model: str = "policy"
                          ) -> tuple[dict[str, float] | None, dict[str, float]]:
-        """Accumulates gradients over this shard's micro-batches and steps the optimizer (collective); returns the
-        shard's metric sums (None where this rank does not report) and the step's grad norm and LR."""
-        metrics = self.policy.train_micro_batches(micro_batches, settings, normalizer)
-        return metrics, self.policy.optimizer_step()
+        """Accumulates gradients over this shard's micro-batches and steps the optimizer of `model` (the policy,
+        or the critic with `ValueLossSettings`) (collective); returns the shard's metric sums (None where this rank
+        does not report) and the step's grad norm and LR."""
+        backend = self.critic if model == "critic" else self.policy
+        metrics = backend.train_micro_batches(micro_batches, settings, normalizer)
+        return metrics, backend.optimizer_step()
+
+    def _trained(self) -> list[tuple[str, object]]:
+        """(sub-folder of a checkpoint, backend) of every model this worker trains."""
+        return [("", self.policy)] + ([(CRITIC_DIR, self.critic)] if self.critic is not None else [])
 
     def save_checkpoint(self, path: str) -> None:
-        self.policy.save_checkpoint(path)
+        for folder, backend in self._trained():
+            backend.save_checkpoint(os.path.join(path, folder) if folder else path)
 
     def weights_finite(self) -> bool:
-        """Whether this rank's own shard of the policy's weights is finite (no collective)."""
-        return self.policy.weights_finite()
+        """Whether this rank's own shard of every trained model's weights is finite (no collective)."""
+        return all(backend.weights_finite() for _, backend in self._trained())
 
     def load_checkpoint(self, path: str) -> None:
-        self.policy.load_checkpoint(path)
+        for folder, backend in self._trained():
+            backend.load_checkpoint(os.path.join(path, folder) if folder else path)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self.policy.full_state_dict()
@@ -161,3 +179,12 @@ class TrainingWorker:
             if os.path.isdir(output_dir):
                 raise FileExistsError(f"{output_dir} already exists; exports are never overwritten")
             os.replace(staging, output_dir)
+
+    def export_critic(self, model_path: str, output_dir: str) -> None:
+        """The critic as a one-label token classifier (`rl.backends.value_head`); the folder appears complete or
+        not at all."""
+        from rl.backends.hf_model import save_hf_checkpoint
+
+        state = self.critic.full_state_dict()
+        if self.rank == 0:  # the critic's own config and tokenizer (the policy's, unless it started from a critic)
+            save_hf_checkpoint(self.critic.spec.path, state, output_dir, critic=True)

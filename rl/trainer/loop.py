@@ -11,14 +11,17 @@ import torch
 
 from rl.core.algorithms import LossSettings
 from rl.core.algorithms.reward_shaping import overlong_penalty, pass_and_mean_at_k
+from rl.core.algorithms.value_loss import ValueLossSettings
 from rl.core.config import config_to_dict
 from rl.core.data import BatchPosition, batches_per_epoch, iter_batches
 from rl.trainer import checkpoint, components, finite
 from rl.trainer.engines import RemoteEngines
 from rl.trainer.episodes import Episodes
-from rl.trainer.experience import build_experience
+from rl.trainer.experience import Experience, assign_advantages, build_experience
 from rl.trainer.faults import crash_point
+from rl.trainer.kl_reward import KLInReward
 from rl.trainer.metrics import MetricsLogger
+from rl.trainer.placement import needs_reference
 from rl.trainer.policy_update import compute_logprobs, is_on_policy, micro_batching, update_policy
 from rl.trainer.reward_models import start_reward_models
 from rl.trainer.rewarding import RewardScorer
@@ -47,6 +50,9 @@ class Trainer:
         self.train_set, self.val_set = components.load_datasets(cfg, sources.train_data, sources.val_data)
         self.episodes = Episodes.from_config(cfg, self.tokenizer, self.model_path)
         self.settings = LossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
+        self.value_settings = (ValueLossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
+                               if cfg.trainer.algorithm.advantage_estimator == "gae" else None)
+        self.kl_in_reward = KLInReward(cfg.trainer.algorithm) if cfg.trainer.algorithm.use_kl_in_reward else None
         clock.mark("data")
         # an environment's step rewards replace data.reward_fn
         self.rewards = None if self.episodes is not None else RewardScorer(
@@ -55,7 +61,8 @@ class Trainer:
         self.engine = components.make_engine(cfg, self.model_path, self.tokenizer, self.placement)
         print(f"generation: {cfg.generator.backend} engine on {self.engine.device}", flush=True)
         clock.mark("engine")
-        setup_worker_groups(cfg, self.model_path, self.group, self.ref_group)
+        setup_worker_groups(cfg, self.model_path, self.group, self.ref_group, cfg.trainer.critic.model.path,
+                            sources.ref_path)
         print("training workers: " + ", ".join(f"rank {r}: {p}" for r, p in enumerate(self.group.places)), flush=True)
         if self.ref_group is not None:
             print("reference workers: " + ", ".join(f"rank {r}: {p}" for r, p in enumerate(self.ref_group.places)),
@@ -71,8 +78,10 @@ class Trainer:
         self.train_batching = micro_batching(cfg, self.group.dp_size, pad, train=True)
         self.ref_pass = ((self.ref_group, micro_batching(cfg, self.ref_group.dp_size, pad, train=False))
                          if self.ref_group is not None else None)
-        self.on_policy = skips_old_logprob_pass(
-            cfg, is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size))
+        # the KL in the reward needs the policy's logprobs before the update: the old-logprob pass always runs
+        self.on_policy = self.kl_in_reward is None and skips_old_logprob_pass(
+            cfg, is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size,
+                              cfg.trainer.update_epochs_per_batch))
         self.ckpt_root = cfg.trainer.ckpt_path or os.path.join(run_dir, "checkpoints")
         self.metrics = MetricsLogger(run_dir, list(cfg.trainer.logger), cfg.trainer.project_name,
                                      cfg.trainer.run_name, config_to_dict(cfg))
@@ -214,17 +223,18 @@ class Trainer:
             row.update(step=step, reward_mean=finite.finite_rewards_mean(all_rewards),
                        step_time_s=time.perf_counter() - started)
             return row
-        experience = build_experience(batch.rollouts, batch.rewards, algo.advantage_estimator, algo.grpo_norm_by_std,
-                                      algo.gamma, algo.lambd, cfg.generator.apply_overlong_filtering)
+        experience = build_experience(batch.rollouts, batch.rewards,
+                                      overlong_filtering=cfg.generator.apply_overlong_filtering)
         scored = time.perf_counter()
-        compute_logprobs(self.group, self.forward_batching, experience, has_ref=algo.use_kl_loss, ref=self.ref_pass,
-                         on_policy=self.on_policy)
+        compute_logprobs(self.group, self.forward_batching, experience, has_ref=needs_reference(cfg),
+                         ref=self.ref_pass, on_policy=self.on_policy, has_critic=self.value_settings is not None)
         forwarded = time.perf_counter()
-        mismatch = measure_and_correct(experience, algo.off_policy_correction)
-        mini = cfg.trainer.policy_mini_batch_size * cfg.generator.n_samples_per_prompt
-        row = update_policy(self.group, self.train_batching, self.settings, experience, mini)
-        finite.check_update(step, row, cfg.trainer.non_finite)
-        row.update(mismatch)
+        token_rewards, row = (self.kl_in_reward.token_rewards(experience) if self.kl_in_reward is not None
+                              else (None, {}))
+        row.update(assign_advantages(experience, algo.advantage_estimator, algo.grpo_norm_by_std, algo.gamma,
+                                     algo.lambd, token_rewards))
+        row.update(measure_and_correct(experience, algo.off_policy_correction))
+        row.update(self.update(step, experience))
         row.update(queue_row)
         row.update(sampling_row)
         row.update(_merge_reward_rows(reward_rows))
@@ -239,6 +249,24 @@ class Trainer:
                    logprobs_time_s=forwarded - scored, update_time_s=updated - forwarded,
                    sync_time_s=finished - updated,
                    response_length_mean=float(experience.response_lengths.float().mean()))
+        return row
+
+    def update(self, step: int, experience: Experience) -> dict[str, float]:
+        """The critic's update, then the policy's (none during the critic warm-up), each over
+        update_epochs_per_batch passes; the critic's metrics are named `critic_*` (`vf_*` for its loss)."""
+        trainer, row = self.cfg.trainer, {}
+        epochs, n = trainer.update_epochs_per_batch, self.cfg.generator.n_samples_per_prompt
+        if self.value_settings is not None:
+            mini = (trainer.critic_mini_batch_size or trainer.policy_mini_batch_size) * n
+            critic = update_policy(self.group, self.train_batching, self.value_settings, experience, mini, epochs,
+                                   model="critic")
+            row.update({name if name.startswith(("vf_", "values_")) else f"critic_{name}": value
+                        for name, value in critic.items() if name != "loss"})  # the loss is vf_loss
+            finite.check_update(step, critic, trainer.non_finite)
+        if step > trainer.critic_warmup:
+            row.update(update_policy(self.group, self.train_batching, self.settings, experience,
+                                     trainer.policy_mini_batch_size * n, epochs))
+            finite.check_update(step, row, trainer.non_finite)
         return row
 
     def generate(self, prompts: list[list[int]], params) -> list:
@@ -287,6 +315,8 @@ class Trainer:
         crash_point("checkpoint_written", step)
         state = {"step": step, "epoch": self.position.epoch, "index": self.position.index,
                  "strategy": self.cfg.trainer.strategy, "model_path": _absolute(self.model_path)}
+        if self.kl_in_reward is not None:
+            state["kl_ctrl"] = self.kl_in_reward.state_dict()
         checkpoint.commit(self.ckpt_root, step, state)
 
     def resume(self) -> int:
@@ -309,6 +339,8 @@ class Trainer:
         state = checkpoint.read_trainer_state(path)
         self.group.call("load_checkpoint", path)
         self.position = BatchPosition(state["epoch"], state["index"])
+        if self.kl_in_reward is not None and "kl_ctrl" in state:
+            self.kl_in_reward.load_state_dict(state["kl_ctrl"])
         self.metrics.truncate_after(state["step"])
         self.sync_weights(int(state["step"]))
         print(f"resumed from {path} (step {state['step']})", flush=True)
@@ -318,6 +350,8 @@ class Trainer:
         root = self.cfg.trainer.export_path or os.path.join(self.run_dir, "exports")
         os.makedirs(root, exist_ok=True)
         self.group.call("export_hf", self.model_path, os.path.join(root, f"global_step_{step}"))
+        if self.value_settings is not None:
+            self.group.call("export_critic", self.model_path, os.path.join(root, "critic", f"global_step_{step}"))
 
 
 def _absolute(model_path: str) -> str:

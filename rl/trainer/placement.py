@@ -57,13 +57,19 @@ class Plan:
         return self.workers + self.ref_workers + self.engines * self.engine_devices
 
 
+def needs_reference(cfg) -> bool:
+    """Whether the run computes reference logprobs: for the KL loss or the KL penalty in the reward."""
+    algorithm = cfg.trainer.algorithm
+    return bool(algorithm.use_kl_loss or algorithm.use_kl_in_reward)
+
+
 def make_plan(cfg, gpu: bool, cores: int) -> Plan:
     from rl.core.config.parallel import ref_placement
 
     placement, gen = cfg.trainer.placement, cfg.generator
     separate = not placement.colocate_all
     engines = gen.num_inference_engines if separate else 0
-    own_ref = separate and not placement.colocate_policy_ref and cfg.trainer.algorithm.use_kl_loss
+    own_ref = separate and not placement.colocate_policy_ref and needs_reference(cfg)
     ref_nodes, ref_per_node = ref_placement(cfg) if own_ref else (0, 0)
     colocated_engines = gen.num_inference_engines if not separate and gen.backend != "hf" else 0
     plan = Plan(nodes=placement.policy_num_nodes, per_node=placement.policy_num_gpus_per_node, engines=engines,

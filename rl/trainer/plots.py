@@ -7,10 +7,14 @@ import os
 from rl.trainer.metrics import read_metrics
 
 
-def plot_curves(run_dir: str) -> str:
+def plot_curves(run_dir: str) -> str | None:
+    """The PNG's path; None when the run logged nothing (resumed from a checkpoint of its last step)."""
     from matplotlib.figure import Figure  # not pyplot: no GUI backend to import or select
 
-    rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(metrics):
+        return None
+    rows = read_metrics(metrics)
     fig = Figure(figsize=(7, 4))
     ax = fig.subplots()
     for key, style in (("reward_mean", "-"), ("val_accuracy", "o-")):

@@ -1,8 +1,10 @@
-"""One policy update from an Experience: old/reference logprobs, then mini-batches of micro-batches on the workers."""
+"""One update from an Experience: old/reference logprobs and the critic's values, then mini-batches of micro-batches
+on the workers for the policy and the critic."""
 
 from __future__ import annotations
 
 from rl.core.algorithms import LossNormalizer, LossSettings
+from rl.core.algorithms.value_loss import ValueLossSettings
 from rl.trainer.batching import MicroBatching, attach, gather
 from rl.trainer.experience import Experience
 from rl.trainer.worker_group import WorkerGroup
@@ -18,8 +20,10 @@ def micro_batching(cfg, dp_size: int, pad_token_id: int, train: bool) -> MicroBa
 
 
 def compute_logprobs(group: WorkerGroup, batching: MicroBatching, experience: Experience, has_ref: bool,
-                     on_policy: bool = False, ref: tuple[WorkerGroup, MicroBatching] | None = None) -> None:
-    """Adds old_logprobs (policy before the update) and, with a reference model, ref_logprobs to every sequence.
+                     on_policy: bool = False, ref: tuple[WorkerGroup, MicroBatching] | None = None,
+                     has_critic: bool = False) -> None:
+    """Adds old_logprobs (policy before the update), with a reference model ref_logprobs, and with a critic
+    old_values (its values before the update) to every sequence; the passes run side by side.
 
     `on_policy` (one optimizer step per rollout batch): the policy's pass is skipped, since its logprobs are the
     ones the training forward computes before the only update; the loss then takes them detached as the old ones.
@@ -28,22 +32,24 @@ def compute_logprobs(group: WorkerGroup, batching: MicroBatching, experience: Ex
     """
     sequences = experience.sequences
     batches = batching.split(sequences)
-    passes = [("old_logprobs", group, batches, "policy")] if not on_policy else []
+    passes = [("old_logprobs", group, batches, ("logprobs", "policy"))] if not on_policy else []
     if has_ref:
         ref_group, ref_batches = (ref[0], ref[1].split(sequences)) if ref is not None else (group, batches)
-        passes.append(("ref_logprobs", ref_group, ref_batches, "ref"))
-    started = [(field, owner, shards, owner.submit_sharded("logprobs", shards, model))
-               for field, owner, shards, model in passes]
+        passes.append(("ref_logprobs", ref_group, ref_batches, ("logprobs", "ref")))
+    if has_critic:
+        passes.append(("old_values", group, batches, ("values",)))
+    started = [(field, owner, shards, owner.submit_sharded(call[0], shards, *call[1:]))
+               for field, owner, shards, call in passes]
     for field, owner, shards, pending in started:
         attach(sequences, field, gather(shards, owner.collect_sharded(pending), len(sequences)))
 
 
-def is_on_policy(train_batch_size: int, policy_mini_batch_size: int) -> bool:
-    """Whether each rollout batch gets exactly one optimizer step (a single mini-batch)."""
-    return policy_mini_batch_size >= train_batch_size
+def is_on_policy(train_batch_size: int, policy_mini_batch_size: int, update_epochs: int = 1) -> bool:
+    """Whether each rollout batch gets exactly one optimizer step (a single mini-batch, one pass)."""
+    return policy_mini_batch_size >= train_batch_size and update_epochs == 1
 
 
-def normalizer(settings: LossSettings, sequences: list[dict], dp_size: int) -> LossNormalizer:
+def normalizer(settings: LossSettings | ValueLossSettings, sequences: list[dict], dp_size: int) -> LossNormalizer:
     """Mini-batch totals, so each micro-batch's loss is its share of the mini-batch loss (see reduction.py)."""
     tokens = sum(int(seq["loss_mask"].sum()) for seq in sequences)
     with_loss = sum(1 for seq in sequences if bool(seq["loss_mask"].any()))
@@ -51,17 +57,19 @@ def normalizer(settings: LossSettings, sequences: list[dict], dp_size: int) -> L
                                       max_generate_length=settings.max_generate_length, dp_world_size=dp_size)
 
 
-def update_policy(group: WorkerGroup, batching: MicroBatching, settings: LossSettings, experience: Experience,
-                  mini_batch_sequences: int) -> dict[str, float]:
-    """One optimizer step per mini-batch; returns the metrics averaged over mini-batches (each mini-batch's metrics
-    are the sum of its shards' shares)."""
+def update_policy(group: WorkerGroup, batching: MicroBatching, settings: LossSettings | ValueLossSettings,
+                  experience: Experience, mini_batch_sequences: int, epochs: int = 1, model: str = "policy"
+                  ) -> dict[str, float]:
+    """One optimizer step of `model` (the policy, or the critic with `ValueLossSettings`) per mini-batch, `epochs`
+    passes over the batch; returns the metrics averaged over all steps (each mini-batch's metrics are the sum of
+    its shards' shares)."""
     sequences = experience.sequences
     totals: dict[str, float] = {}
-    starts = range(0, len(sequences), mini_batch_sequences)
+    starts = [start for _ in range(epochs) for start in range(0, len(sequences), mini_batch_sequences)]
     for start in starts:
         mini = sequences[start:start + mini_batch_sequences]
         results = group.call_sharded("train_mini_batch", batching.split(mini), settings,
-                                     normalizer(settings, mini, group.dp_size))
+                                     normalizer(settings, mini, group.dp_size), model)
         metrics: dict[str, float] = {}
         for shard, _ in results:  # a shard whose micro-batches were all empty reports only its zero loss
             for name, value in shard.items():

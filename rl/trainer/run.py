@@ -128,5 +128,7 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
         if trainer is not None:
             trainer.close()
         stop_ray()
-    print(f"curve: {plot_curves(run_dir)}", flush=True)
+    curve = plot_curves(run_dir)
+    if curve is not None:
+        print(f"curve: {curve}", flush=True)
     return run_dir

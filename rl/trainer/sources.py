@@ -13,11 +13,15 @@ from dataclasses import dataclass
 EMBEDDED = "embedded"
 
 
+EMBEDDED_TEACHER = "embedded_teacher"
+
+
 @dataclass(frozen=True)
 class Sources:
     model_path: str
     train_data: list[str]
     val_data: list[str]
+    ref_path: str | None = None  # trainer.ref.model.path resolved (None: the policy's starting weights)
 
 
 def uses_embedded(cfg) -> bool:
@@ -35,4 +39,19 @@ def resolve_sources(cfg, run_dir: str) -> Sources:
         model_path = job.model_path if model_path == EMBEDDED else model_path
         train = [job.train_data if path == EMBEDDED else path for path in train]
         val = [job.val_data if path == EMBEDDED else path for path in val]
-    return Sources(model_path=str(model_path), train_data=[str(p) for p in train], val_data=[str(p) for p in val])
+    return Sources(model_path=str(model_path), train_data=[str(p) for p in train], val_data=[str(p) for p in val],
+                   ref_path=_reference_path(cfg, run_dir))
+
+
+def _reference_path(cfg, run_dir: str) -> str | None:
+    """trainer.ref.model.path, with `embedded_teacher` built (once per machine, in the embedded job's cache): the
+    embedded model warmed up twice as long on careful demonstrations (none forgets the carry)."""
+    path = cfg.trainer.ref.model.path
+    if path != EMBEDDED_TEACHER:
+        return path
+    from rl.tasks.embedded.cache import default_cache_dir
+    from rl.tasks.embedded.prepare import WARMUP_STEPS, prepare_embedded_default
+
+    teacher = prepare_embedded_default(os.path.join(run_dir, EMBEDDED_TEACHER), seed=cfg.trainer.seed,
+                                       warmup_steps=2 * WARMUP_STEPS, cache_dir=default_cache_dir(), forget_rate=0.0)
+    return str(teacher.model_path)

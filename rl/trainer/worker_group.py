@@ -111,12 +111,12 @@ class WorkerGroup:
     def named_actors(self) -> list[tuple[Any, str]]:
         return list(zip(self.actors, self.labels, strict=True))
 
-    def setup(self, backend: str, policy_spec, ref_spec) -> None:
+    def setup(self, backend: str, policy_spec, ref_spec, critic_spec=None) -> None:
         """Every worker joins the process group and builds `backend` (`package.module:Class`) for each model."""
         import ray
 
         host, port = ray.get(self.actors[0].address.remote())
-        self.call("setup", host, port, backend, policy_spec, ref_spec)
+        self.call("setup", host, port, backend, policy_spec, ref_spec, critic_spec)
         if policy_spec is None:
             self.role = "reference worker"
         self.layout = DataParallelLayout.of(self.call("data_parallel_rank"))

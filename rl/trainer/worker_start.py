@@ -12,7 +12,7 @@ import torch
 
 from rl.backends.base import ModelSpec
 from rl.backends.registry import STRATEGIES
-from rl.trainer.placement import Placement, machine_cores, make_plan
+from rl.trainer.placement import Placement, machine_cores, make_plan, needs_reference
 from rl.trainer.worker_group import WorkerGroup
 
 ACTOR_ENV = {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
@@ -22,23 +22,26 @@ def make_placement(cfg) -> Placement:
     return Placement(make_plan(cfg, torch.cuda.is_available(), machine_cores()), ACTOR_ENV)
 
 
-def model_specs(cfg, model_path: str) -> tuple[ModelSpec, ModelSpec | None]:
-    """What each worker builds: the policy, and the reference when the KL loss needs one; the strategy supplies its
-    own settings for each (`StrategyConfig.backend_options`)."""
+def model_specs(cfg, model_path: str, ref_path: str | None = None) -> tuple[ModelSpec, ModelSpec | None]:
+    """What each worker builds: the policy, and the reference when a KL needs one (from `ref_path`, e.g. a
+    distillation teacher, else the policy's starting weights); the strategy supplies its own settings for each
+    (`StrategyConfig.backend_options`)."""
     trainer, opt, strategy = cfg.trainer, cfg.trainer.policy.optimizer_config, STRATEGIES.get(cfg.trainer.strategy)
     common = {"path": model_path, "temperature": cfg.generator.temperature, "kernels": trainer.kernels,
               "fused_kernels": trainer.policy.use_fused_kernels,
               "fused_chunk_size": trainer.policy.fused_kernel_chunk_size,
-              "sequence_parallel_size": trainer.policy.sequence_parallel_size}
+              "sequence_parallel_size": trainer.policy.sequence_parallel_size, "bf16": trainer.bf16,
+              "flash_attn": trainer.flash_attn}
     lora = trainer.policy.model.lora
     policy = ModelSpec(
         role="policy", gradient_checkpointing=trainer.gradient_checkpointing, lr=opt.lr,
         weight_decay=opt.weight_decay, betas=tuple(opt.betas), max_grad_norm=opt.max_grad_norm,
         lr_warmup_steps=opt.lr_warmup_steps, backend_options=strategy.backend_options(cfg, "policy"),
         lora=dataclasses.asdict(lora) if lora.rank > 0 else None, **common)
-    if not trainer.algorithm.use_kl_loss or policy.lora:  # a LoRA policy is its own reference (adapters off)
+    if not needs_reference(cfg) or (policy.lora and not ref_path):  # a LoRA policy is its own reference
         return policy, None
-    return policy, ModelSpec(role="ref", backend_options=strategy.backend_options(cfg, "ref"), **common)
+    return policy, ModelSpec(role="ref", backend_options=strategy.backend_options(cfg, "ref"),
+                             **{**common, "path": ref_path or model_path})
 
 
 class StartedWorkers(NamedTuple):
@@ -58,11 +61,27 @@ def start_workers(cfg) -> StartedWorkers:
     return StartedWorkers(placement, group, ref_group)
 
 
-def setup_worker_groups(cfg, model_path: str, group: WorkerGroup, ref_group: WorkerGroup | None) -> None:
-    """Every worker builds its models: the policy (and the reference, unless it has a group of its own)."""
+def critic_spec(cfg, critic_path: str | None) -> ModelSpec | None:
+    """The critic of `advantage_estimator=gae` (`trainer.critic`), built on the policy's workers; None otherwise."""
+    trainer = cfg.trainer
+    if trainer.algorithm.advantage_estimator != "gae":
+        return None
+    opt = trainer.critic.optimizer_config
+    return ModelSpec(
+        path=critic_path, role="critic", temperature=1.0, gradient_checkpointing=trainer.gradient_checkpointing,
+        lr=opt.lr, weight_decay=opt.weight_decay, betas=tuple(opt.betas), max_grad_norm=opt.max_grad_norm,
+        lr_warmup_steps=opt.lr_warmup_steps, kernels=trainer.kernels, bf16=trainer.bf16,
+        flash_attn=trainer.flash_attn, backend_options=STRATEGIES.get(trainer.strategy).backend_options(cfg, "critic"),
+        sequence_parallel_size=trainer.critic.sequence_parallel_size)
+
+
+def setup_worker_groups(cfg, model_path: str, group: WorkerGroup, ref_group: WorkerGroup | None,
+                        critic_path: str | None = None, ref_path: str | None = None) -> None:
+    """Every worker builds its models: the policy (and the reference, unless it has a group of its own) and the
+    critic (from `critic_path`, the policy's model unless trainer.critic.model.path names one)."""
     backend = STRATEGIES.get(cfg.trainer.strategy).backend
-    policy, ref = model_specs(cfg, model_path)
-    group.setup(backend, policy, None if ref_group is not None else ref)
+    policy, ref = model_specs(cfg, model_path, ref_path)
+    group.setup(backend, policy, None if ref_group is not None else ref, critic_spec(cfg, critic_path or model_path))
     if ref_group is not None:
         ref_group.setup(backend, None, ref)
 

@@ -240,10 +240,19 @@ BAD = {
     "off_policy_bounds_reversed": Bad(
         ["trainer.algorithm.off_policy_correction.geo_mask_low=1.2"],
         "trainer.algorithm.off_policy_correction.geo_mask_low", ("must be below",)),
+    # the critic
+    "critic_without_gae": Bad(["trainer.critic.model.path=/tmp/critic"], "trainer.critic.model.path",
+                              ("only trainer.algorithm.advantage_estimator=gae trains a critic",)),
+    "critic_placement_apart": Bad(
+        ["trainer.algorithm.advantage_estimator=gae", "trainer.placement.critic_num_gpus_per_node=2"],
+        "trainer.placement.critic_num_gpus_per_node", ("runs on the policy's workers", "set it equal or null")),
+    "critic_mini_batch_uneven": Bad(
+        ["trainer.algorithm.advantage_estimator=gae", "trainer.critic_mini_batch_size=3"],
+        "trainer.critic_mini_batch_size", ("divide trainer.train_batch_size",)),
+    "ppo_epochs_zero": Bad(["trainer.update_epochs_per_batch=0"], "trainer.update_epochs_per_batch", (">= 1",)),
     # known keys whose feature this version does not run yet
-    "gae_without_critic": Bad(
-        ["trainer.algorithm.advantage_estimator=gae"], "trainer.algorithm.advantage_estimator", ("critic", "grpo")
-    ),
+    "critic_lora": Bad(["trainer.algorithm.advantage_estimator=gae", "trainer.critic.model.lora.rank=8"],
+                       "trainer.critic.model.lora.rank", ("not supported yet", "set it to 0")),
     "ulysses_under_deepspeed": Bad(
         [*WORLD_4, "trainer.strategy=deepspeed", "trainer.policy.sequence_parallel_size=2"],
         "trainer.policy.sequence_parallel_size",
@@ -340,7 +349,7 @@ BAD = {
                           ("-1 (whole world)",)),
     "resume_path_missing": Bad(["trainer.resume_mode=/nonexistent/global_step_3"], "trainer.resume_mode",
                                ("neither none nor latest nor an existing checkpoint directory",)),
-    "ref_model_key": Bad(["trainer.ref.model.path=x"], "trainer.ref.model.path", ("valid keys under trainer.ref",)),
+    "ref_unknown_key": Bad(["trainer.ref.model.paht=x"], "trainer.ref.model.paht", ("trainer.ref.model.path",)),
     # rewards and reward shaping
     "reward_weights_count": Bad(["data.reward_fn=[gsm8k, gsm8k_flexible]", "data.reward_weights=[1.0]"],
                                 "data.reward_weights", ("1 weight(s) for 2 reward function(s)",)),
@@ -406,4 +415,10 @@ BAD = {
         MEGATRON + "virtual_pipeline_model_parallel_size", ("needs pipeline_model_parallel_size > 1",)),
     "megatron_zero_tp": Bad(["trainer.strategy=megatron", MEGATRON + "tensor_model_parallel_size=0"],
                             MEGATRON + "tensor_model_parallel_size", (">= 1",)),
+    # mixed precision and attention kernels (SkyRL's trainer.bf16 / trainer.flash_attn)
+    "bf16_given_maybe": Bad(["trainer.bf16=maybe"], "trainer.bf16", ("expected true or false",)),
+    "flash_attn_under_megatron": Bad(["trainer.strategy=megatron", "trainer.flash_attn=true"], "trainer.flash_attn",
+                                     ("megatron computes attention with its own", "set trainer.flash_attn=null")),
+    "flash_attn_in_float32": Bad(["trainer.flash_attn=true", "trainer.bf16=false"], "trainer.flash_attn",
+                                 ("bf16 and fp16 only", "set trainer.bf16=true")),
 }

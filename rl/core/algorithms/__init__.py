@@ -1,8 +1,9 @@
 """RL algorithms as small pure functions over tensors, each registered by name.
 
-- `ADVANTAGE_ESTIMATORS` (advantages.py): grpo, rloo, reinforce++, gae.
-- `KL_ESTIMATORS` (kl.py): k1, abs, k2, k3.
-- `POLICY_LOSSES` (policy_loss.py): regular, dual_clip, gspo, cispo.
+- `ADVANTAGE_ESTIMATORS` (advantages.py): grpo, rloo, reinforce++, gae, no_op.
+- `KL_ESTIMATORS` (kl.py): k1, abs, k2, k3; `KL_CONTROLLERS` (kl_controller.py): fixed, adaptive, for the KL
+  penalty in the reward.
+- `POLICY_LOSSES` (policy_loss.py): regular, dual_clip, gspo, cispo, sapo, clip_cov, kl_cov, importance_sampling.
 - `LOSS_REDUCTIONS` (reduction.py): token_mean, sequence_mean, seq_mean_token_sum_norm, normalized over the whole
   mini-batch so gradients do not depend on the micro-batch or data-parallel split.
 - `compute_policy_loss` + `LossSettings` (loss.py): the one loss assembly every backend uses.

@@ -20,6 +20,16 @@ from rl.core.algorithms.reduction import LOSS_REDUCTIONS, LossNormalizer, masked
 from rl.core.registry import Registry
 
 _GENERATOR_FIELDS = ("max_generate_length",)
+_NESTED_FIELDS = {
+    "tau_pos": ("sapo", "tau_pos"),
+    "tau_neg": ("sapo", "tau_neg"),
+    "clip_cov_ratio": ("clip_cov", "clip_ratio"),
+    "clip_cov_lb": ("clip_cov", "clip_cov_lb"),
+    "clip_cov_ub": ("clip_cov", "clip_cov_ub"),
+    "kl_cov_frac": ("kl_cov", "kl_cov_frac"),
+    "ppo_kl_coef": ("kl_cov", "ppo_kl_coef"),
+}
+"""Fields read from a block of trainer.algorithm (`trainer.algorithm.sapo.tau_pos`); they are the loss options."""
 
 
 def _read(cfg: Any, name: str, default: Any) -> Any:
@@ -30,6 +40,10 @@ def _read(cfg: Any, name: str, default: Any) -> Any:
     return getattr(cfg, name, default)
 
 
+def _key(field: str) -> str:
+    return "trainer.algorithm." + ".".join(_NESTED_FIELDS.get(field, (field,)))
+
+
 def _check_choice(registry: Registry, key: str, name: str) -> None:
     if name not in registry:
         raise ValueError(f"{key}: {registry.unknown_message(name)}")
@@ -37,7 +51,8 @@ def _check_choice(registry: Registry, key: str, name: str) -> None:
 
 @dataclass(frozen=True)
 class LossSettings:
-    """Loss options; field names mirror the `trainer.algorithm.*` config keys (and `generator.max_generate_length`)."""
+    """Loss options; field names mirror the `trainer.algorithm.*` config keys (and `generator.max_generate_length`);
+    those of `_NESTED_FIELDS` come from a block (`sapo.tau_pos`, `clip_cov.clip_ratio`, `kl_cov.kl_cov_frac`)."""
 
     policy_loss_type: str = "regular"
     loss_reduction: str = "token_mean"
@@ -50,6 +65,13 @@ class LossSettings:
     use_entropy_loss: bool = False
     entropy_loss_coef: float = 0.01
     max_generate_length: int | None = None
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_frac: float = 0.2
+    ppo_kl_coef: float = 1.0
 
     def __post_init__(self) -> None:
         _check_choice(POLICY_LOSSES, "trainer.algorithm.policy_loss_type", self.policy_loss_type)
@@ -61,8 +83,27 @@ class LossSettings:
             raise ValueError(f"trainer.algorithm.eps_clip_high must be >= 0, got {self.eps_clip_high}")
         if self.policy_loss_type == "dual_clip" and not self.clip_ratio_c > 1.0:
             raise ValueError(f"trainer.algorithm.clip_ratio_c must be > 1 for dual_clip, got {self.clip_ratio_c}")
+        self._check_loss_options()
         # raises, naming generator.max_generate_length, when the reduction needs it and it is missing
         LOSS_REDUCTIONS.get(self.loss_reduction).denominator(1, 1, self.max_generate_length)
+
+    def _check_loss_options(self) -> None:
+        for name in ("tau_pos", "tau_neg"):
+            if not getattr(self, name) > 0.0:
+                raise ValueError(f"{_key(name)} must be > 0, got {getattr(self, name)}")
+        for name in ("clip_cov_ratio", "kl_cov_frac"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"{_key(name)} must be in (0, 1], got {getattr(self, name)}")
+        if not self.clip_cov_lb < self.clip_cov_ub:
+            raise ValueError(
+                f"{_key('clip_cov_lb')} ({self.clip_cov_lb}) must be below {_key('clip_cov_ub')} ({self.clip_cov_ub})"
+            )
+        if self.ppo_kl_coef < 0.0:
+            raise ValueError(f"{_key('ppo_kl_coef')} must be >= 0, got {self.ppo_kl_coef}")
+
+    def loss_options(self) -> dict[str, float]:
+        """The settings only some policy losses read, as the keyword arguments of `POLICY_LOSSES` functions."""
+        return {name: getattr(self, name) for name in _NESTED_FIELDS}
 
     @classmethod
     def from_config(cls, algorithm_cfg: Any, generator_cfg: Any = None) -> LossSettings:
@@ -70,6 +111,10 @@ class LossSettings:
         attributes (or mapping keys) the configs lack keep the defaults above."""
         values = {}
         for field in dataclasses.fields(cls):
+            if field.name in _NESTED_FIELDS:
+                block, name = _NESTED_FIELDS[field.name]
+                values[field.name] = _read(_read(algorithm_cfg, block, None), name, field.default)
+                continue
             source = generator_cfg if field.name in _GENERATOR_FIELDS else algorithm_cfg
             values[field.name] = _read(source, field.name, field.default)
         return cls(**values)
@@ -119,6 +164,7 @@ def _policy_term(settings: LossSettings, logprobs, old_logprobs, advantages, los
         clip_ratio_c=settings.clip_ratio_c,
         seq_ids=seq_ids,
         num_sequences=num_sequences,
+        **settings.loss_options(),
     )
 
 

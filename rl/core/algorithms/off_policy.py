@@ -16,9 +16,10 @@ ratio r = pi_old / pi_rollout per loss token:
 
 Tensors are flat [N] over the tokens of `num_sequences` sequences (`seq_ids`), fp32; only loss-mask tokens count.
 Rejected tokens leave the loss mask, so they leave the loss's token and sequence counts too. The weights are applied
-by the caller to the advantages: every registered policy loss is linear in the advantage of each token with a
-non-negative factor (a test checks it), so scaling the advantage is scaling that token's policy-gradient term in every
-loss path (logits, fused kernels, megatron), and the KL and entropy terms stay unweighted.
+by the caller to the advantages: every registered policy loss but the covariance ones (`COVARIANCE_LOSSES`, refused
+with TIS by the config) is linear in the advantage of each token with a non-negative factor (a test checks it), so
+scaling the advantage is scaling that token's policy-gradient term in every loss path (logits, fused kernels,
+megatron), and the KL and entropy terms stay unweighted.
 """
 
 from __future__ import annotations
@@ -111,11 +112,39 @@ def correction_enabled(config: Any) -> bool:
             or (config.token_mask_is_threshold_low is not None and config.token_mask_is_threshold_high is not None))
 
 
+def _outlier_sequences(config: Any, ratio: Tensor, mask: Tensor, seq_ids: Tensor, num_sequences: int,
+                       metrics: dict[str, float]) -> Tensor:
+    """The mask without the sequences that have a token outside the outlier bounds."""
+    low, high = config.outlier_token_is_threshold_low, config.outlier_token_is_threshold_high
+    if low is None and high is None:
+        return mask
+    over = (ratio > high) & mask if high is not None else torch.zeros_like(mask)
+    under = (ratio < low) & mask if low is not None else torch.zeros_like(mask)
+    seq_over = segment_sum(over.float(), seq_ids, num_sequences) > 0
+    seq_under = segment_sum(under.float(), seq_ids, num_sequences) > 0
+    keep = ~(seq_over | seq_under)
+    metrics.update(outlier_seq_masked_ratio=_fraction(~keep, num_sequences),
+                   outlier_seq_over_high_ratio=_fraction(seq_over, num_sequences),
+                   outlier_seq_under_low_ratio=_fraction(seq_under, num_sequences))
+    return mask & keep[seq_ids]
+
+
+def _token_mask(config: Any, ratio: Tensor, mask: Tensor, metrics: dict[str, float]) -> Tensor:
+    """The mask without the single tokens outside [token_mask_is_threshold_low, token_mask_is_threshold_high]."""
+    low, high = config.token_mask_is_threshold_low, config.token_mask_is_threshold_high
+    if low is None or high is None:
+        return mask
+    outside = ((ratio < low) | (ratio > high)) & mask
+    metrics["token_mask_masked_ratio"] = _fraction(outside, mask)
+    return mask & ~outside
+
+
 def correct(config: Any, old: Tensor, rollout: Tensor, mask: Tensor, seq_ids: Tensor, num_sequences: int
             ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """(weight [N] for the policy-gradient term, loss mask [N] with rejected tokens removed, metrics), `config`
-    being `trainer.algorithm.off_policy_correction`. Each step works on the tokens the steps before kept,
-    computed over the tokens that remain; SkyRL's order: outlier sequences, TIS, the sequence mask, the token mask."""
+    being `trainer.algorithm.off_policy_correction`. SkyRL's order: outlier sequences, the token mask, TIS, the
+    sequence mask; each step is computed over the tokens the steps before kept, so a sequence's TIS product and
+    its sequence-mask statistic leave out the tokens the token mask dropped."""
     mask = mask.bool()
     weight = torch.ones_like(old)
     if not correction_enabled(config):
@@ -123,17 +152,8 @@ def correct(config: Any, old: Tensor, rollout: Tensor, mask: Tensor, seq_ids: Te
     log_ratio = old.float() - rollout.float()
     ratio = _ratio(log_ratio)
     metrics: dict[str, float] = {}
-    low, high = config.outlier_token_is_threshold_low, config.outlier_token_is_threshold_high
-    if low is not None or high is not None:
-        over = (ratio > high) & mask if high is not None else torch.zeros_like(mask)
-        under = (ratio < low) & mask if low is not None else torch.zeros_like(mask)
-        seq_over = segment_sum(over.float(), seq_ids, num_sequences) > 0
-        seq_under = segment_sum(under.float(), seq_ids, num_sequences) > 0
-        keep = ~(seq_over | seq_under)
-        metrics.update(outlier_seq_masked_ratio=_fraction(~keep, num_sequences),
-                       outlier_seq_over_high_ratio=_fraction(seq_over, num_sequences),
-                       outlier_seq_under_low_ratio=_fraction(seq_under, num_sequences))
-        mask = mask & keep[seq_ids]
+    mask = _outlier_sequences(config, ratio, mask, seq_ids, num_sequences, metrics)
+    mask = _token_mask(config, ratio, mask, metrics)
     if config.tis_ratio_type is not None:
         weight, found = TIS_RATIOS.get(config.tis_ratio_type)(log_ratio, mask, seq_ids, num_sequences, config)
         metrics.update(found)
@@ -142,9 +162,4 @@ def correct(config: Any, old: Tensor, rollout: Tensor, mask: Tensor, seq_ids: Te
                                                                        config)
         metrics.update(found)
         mask = mask & keep[seq_ids]
-    low, high = config.token_mask_is_threshold_low, config.token_mask_is_threshold_high
-    if low is not None and high is not None:
-        outside = ((ratio < low) | (ratio > high)) & mask
-        metrics["token_mask_masked_ratio"] = _fraction(outside, mask)
-        mask = mask & ~outside
     return weight * mask, mask, metrics

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rl.core.config import strategies
+from rl.core.config import choices, strategies
 from rl.core.config.errors import Problems
 from rl.core.config.parallel import parallel_sizes, ref_placement
 from rl.core.config.schema import Config
@@ -91,10 +91,10 @@ def check_colocation(cfg: Config, problems: Problems) -> None:
             problems.add("trainer.placement.colocate_policy_ref",
                          "is false, but trainer.placement.colocate_all=true puts every model on the same devices; "
                          "set trainer.placement.colocate_all=false for a reference group of its own")
-        elif not cfg.trainer.algorithm.use_kl_loss:
+        elif not (cfg.trainer.algorithm.use_kl_loss or cfg.trainer.algorithm.use_kl_in_reward):
             problems.add("trainer.placement.colocate_policy_ref",
-                         "is false, but trainer.algorithm.use_kl_loss=false has no reference model to place; "
-                         "leave it true")
+                         "is false, but with trainer.algorithm.use_kl_loss=false and use_kl_in_reward=false there "
+                         "is no reference model to place; leave it true")
         elif (strategy := strategies.selected(cfg)) is not None:
             size, key = strategy.model_parallel_size(cfg)
             if size >= 1 and (ref[0] * ref[1]) % size:
@@ -124,6 +124,26 @@ def check_off_policy_bounds(cfg: Config, problems: Problems) -> None:
         unset = "token_mask_is_threshold_high" if high is None else "token_mask_is_threshold_low"
         problems.add(key + unset, "is null, but token masking needs both token_mask_is_threshold_low and "
                      "token_mask_is_threshold_high; set it, or set the other one to null")
+
+
+def check_kl_and_policy_loss(cfg: Config, problems: Problems) -> None:
+    """The KL penalty goes in the loss or in the reward, not both (as in SkyRL); the clip_cov bounds are ordered;
+    TIS weights, applied through the advantages, need a loss linear in each token's advantage."""
+    algorithm, key = cfg.trainer.algorithm, "trainer.algorithm."
+    if algorithm.use_kl_in_reward and algorithm.use_kl_loss:
+        problems.add(key + "use_kl_in_reward", "is true together with trainer.algorithm.use_kl_loss=true (the "
+                     "default); the KL penalty goes in the reward or in the loss, not both: set "
+                     "trainer.algorithm.use_kl_loss=false, or use_kl_in_reward=false")
+    bounds = algorithm.clip_cov
+    if bounds.clip_cov_lb >= bounds.clip_cov_ub:
+        problems.add(key + "clip_cov.clip_cov_lb", f"{bounds.clip_cov_lb} must be below "
+                     f"trainer.algorithm.clip_cov.clip_cov_ub ({bounds.clip_cov_ub})")
+    tis, loss = algorithm.off_policy_correction.tis_ratio_type, algorithm.policy_loss_type
+    if tis is not None and loss in choices.COVARIANCE_POLICY_LOSSES:
+        problems.add(key + "off_policy_correction.tis_ratio_type", f"is {tis}, but trainer.algorithm."
+                     f"policy_loss_type={loss} picks its tokens from the advantages, which carry the TIS weights "
+                     "(and SkyRL applies no correction to it); set tis_ratio_type=null (the masks still apply) or "
+                     "choose another policy_loss_type")
 
 
 def check_weight_sync_backend(cfg: Config, problems: Problems) -> None:

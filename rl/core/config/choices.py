@@ -7,9 +7,14 @@ the place to check that it and this file agree.
 
 from __future__ import annotations
 
-ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce++", "gae")
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce++", "gae", "no_op")
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
-POLICY_LOSSES = ("regular", "dual_clip", "gspo", "cispo")
+KL_CONTROLLERS = ("fixed", "adaptive")
+"""`trainer.algorithm.kl_ctrl.type` (rl/core/algorithms/kl_controller.py)."""
+POLICY_LOSSES = ("regular", "dual_clip", "gspo", "cispo", "sapo", "clip_cov", "kl_cov", "importance_sampling")
+COVARIANCE_POLICY_LOSSES = ("clip_cov", "kl_cov")
+"""Policy losses whose token selection depends on the other tokens' advantages (rl/core/algorithms/policy_loss.py
+COVARIANCE_LOSSES): TIS weights cannot be applied through their advantages."""
 TIS_RATIO_TYPES = ("token", "sequence")
 SEQUENCE_MASK_METRICS = ("geometric", "product")
 LOSS_REDUCTIONS = ("token_mean", "sequence_mean", "seq_mean_token_sum_norm")

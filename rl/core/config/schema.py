@@ -102,9 +102,55 @@ class PolicyConfig:
 
 
 @dataclass(kw_only=True)
+class RefModelConfig:
+    """Where the reference model's weights come from."""
+
+    path: str | None
+    """null: the policy's starting weights (`trainer.policy.model.path`). Any other model with the policy's
+    tokenizer (refused at load otherwise) makes the KL terms pull towards it: a teacher for on-policy distillation
+    (SkyRL's recipe: `advantage_estimator=no_op`, `policy_loss_type=importance_sampling`, `use_kl_in_reward=true`).
+    `embedded_teacher` builds the embedded task's teacher: the embedded model warmed up longer on careful
+    demonstrations, which carries where the embedded student forgets to."""
+
+
+@dataclass(kw_only=True)
 class RefConfig:
-    """The frozen reference model used for the KL term; it loads the policy's initial weights. Its settings are in
-    the strategies' blocks (`trainer.ref.fsdp_config`)."""
+    """The frozen reference model used for the KL terms. Its strategy settings are in the strategies' blocks
+    (`trainer.ref.fsdp_config`)."""
+
+    model: RefModelConfig
+    """The reference's weights."""
+
+
+@dataclass(kw_only=True)
+class CriticModelConfig:
+    """Where the critic's weights come from."""
+
+    path: str | None
+    """null: the policy's `trainer.policy.model.path` with a new value head (one output per token, drawn from a
+    fixed seed); or a critic exported by an earlier run (a one-label `...ForTokenClassification` checkpoint, the
+    `critic/` folder of an export), whose value head it keeps. Must share the policy's tokenizer."""
+
+    lora: LoraConfig
+    """LoRA adapters on the critic (`rank` 0: none)."""
+
+
+@dataclass(kw_only=True)
+class CriticConfig:
+    """The value model of `trainer.algorithm.advantage_estimator=gae` (SkyRL's `trainer.critic` block): the
+    backbone of a causal LM with a one-output value head, trained by the run's strategy on the policy's workers.
+    Its strategy settings are `trainer.critic.fsdp_config` (fsdp, fsdp2); deepspeed and megatron train it with
+    the policy's blocks (`deepspeed_config.train`, `trainer.policy.megatron_config`)."""
+
+    model: CriticModelConfig
+    """The critic's weights."""
+
+    optimizer_config: OptimizerConfig
+    """The critic's AdamW and learning-rate schedule (SkyRL's default learning rate is 5e-6)."""
+
+    sequence_parallel_size: int
+    """Ulysses sequence-parallel size of the critic; it shares the policy's workers and data-parallel layout, so it
+    must equal `trainer.policy.sequence_parallel_size`."""
 
 
 @dataclass(kw_only=True)
@@ -183,6 +229,14 @@ class PlacementConfig:
     ref_num_gpus_per_node: int | None
     """Devices per node of the reference model's group; null follows the policy."""
 
+    critic_num_nodes: int | None
+    """Nodes of the critic (SkyRL's key); null follows the policy. The critic runs on the policy's workers, so a
+    value must equal `policy_num_nodes`."""
+
+    critic_num_gpus_per_node: int | None
+    """Devices per node of the critic; null follows the policy, and a value must equal
+    `policy_num_gpus_per_node`."""
+
 
 @dataclass(kw_only=True)
 class FullyAsyncConfig:
@@ -241,6 +295,20 @@ class TrainerConfig:
     """Recompute activations in backward to save memory. With `megatron` it means full (whole-layer) recompute
     unless `trainer.policy.megatron_config.recompute_granularity` is set, which then decides."""
 
+    bf16: bool | None
+    """Mixed precision (SkyRL's key): `true` computes the forward and backward in bfloat16 while the weights the
+    optimizer updates, the gradient reduction and the logprobs and loss stay float32 (fsdp2: MixedPrecisionPolicy,
+    fsdp: MixedPrecision, deepspeed: its `bf16` block, megatron: bf16 autocast), on any device, CPU included;
+    `false` trains in float32. null (the default): `true` on a GPU, `false` on CPU. SkyRL's default is `true`; a
+    deepspeed_config that sets `bf16` itself keeps it. Applies to the policy and the reference model."""
+
+    flash_attn: bool | None
+    """Attention kernel of the fsdp, fsdp2 and deepspeed models (SkyRL's key): `true` uses flash-attention's varlen
+    kernel (`flash_attention_2`) and is refused where the `flash-attn` package is not installed or the device is not
+    a GPU; `false` uses PyTorch SDPA one packed sequence at a time (`sdpa_varlen`); null (the default) uses
+    flash-attention on a GPU where it is installed and SDPA elsewhere, printing the fallback on a GPU. SkyRL's
+    default is `true`. megatron has its own attention (SDPA over packed sequences) and refuses `true`."""
+
     seed: int
     """Seed of every random generator (data order, sampling, initialization), >= 0."""
 
@@ -249,6 +317,21 @@ class TrainerConfig:
 
     ref: RefConfig
     """The reference model."""
+
+    critic: CriticConfig
+    """The value model (advantage_estimator `gae`)."""
+
+    critic_mini_batch_size: int | None
+    """Prompts per critic optimizer step (SkyRL's key); null follows policy_mini_batch_size. Must divide
+    train_batch_size."""
+
+    update_epochs_per_batch: int
+    """Passes over each rollout batch (PPO epochs, SkyRL's key), for the policy and the critic; each pass runs
+    every mini-batch again, with the old logprobs and values of before the first pass. >= 1."""
+
+    critic_warmup: int
+    """Steps at the start of a run in which only the critic trains (veRL's `trainer.critic_warmup`): the policy is
+    not updated until the critic has learned some values. 0 trains both from step 1."""
 
     reward: RewardConfig
     """Reward models."""
@@ -439,6 +522,16 @@ class EnvironmentConfig:
 
     env_options: dict[str, Any]
     """Keyword arguments for the environment class (e.g. {attempts: 3} for arith_retry)."""
+
+    step_timeout_s: float | None
+    """Seconds one call into an environment (building it, `start`, each `step`) may take. Past it the call is
+    abandoned and counts as a failed episode, handled as data.reward_on_error says (`fail` ends the run naming the
+    environment, the row and the turn). null: no limit."""
+
+    max_env_workers: int
+    """Threads that run the environments' calls, >= 1 (SkyRL's `environment.skyrl_gym.max_env_workers`): the
+    episodes of a turn are stepped side by side, each in its own environment instance; 1 steps them one after
+    another. An environment that shares state between its instances must guard it, or use 1."""
 
 
 @dataclass(kw_only=True)

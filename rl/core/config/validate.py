@@ -9,14 +9,19 @@ Rules (world = trainer.placement.policy_num_nodes * policy_num_gpus_per_node):
   (micro_train_batch_size_per_gpu * DP) == 0, with DP = world / the strategy's model-parallel size.
 - strategy (checks_backends.py): knobs of a strategy that is not selected are errors; the selected strategy checks
   its own blocks (parallel layouts, offload limits, ...) and refuses options it does not implement.
-- algorithm: grpo and rloo need n_samples_per_prompt >= 2.
+- algorithm: grpo and rloo need n_samples_per_prompt >= 2; use_kl_in_reward not with use_kl_loss; clip_cov_lb <
+  clip_cov_ub; no TIS with clip_cov / kl_cov; trainer.policy.use_fused_kernels only with a loss that has a kernel
+  formula (not gspo, sapo, clip_cov, kl_cov, importance_sampling).
 - placement: policy and reference placements are equal (the reference runs on the policy's workers);
   fully_async needs colocate_all false.
 - rewards: reward_weights one per reward_fn; a reward timeout needs reward workers; dynamic sampling needs
   n_samples_per_prompt >= 2 and no fully_async; overlong_buffer.len below max_generate_length. Reward functions
   themselves (import, signature) are checked before the run starts (rl/trainer/preflight.py).
+- critic (checks_critic.py): its keys only with advantage_estimator gae; it runs on the policy's workers (same
+  placement and sequence-parallel size); critic_mini_batch_size divides train_batch_size like the policy's.
 - not yet supported (checks_support.py, checks_backends.py): generator.backend vllm without vLLM installed,
-  advantage_estimator gae, Ulysses sequence_parallel_size > 1.
+  Ulysses sequence_parallel_size > 1, trainer.flash_attn=true where flash-attention cannot run (megatron, no
+  flash-attn package, trainer.bf16=false).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from rl.core.config import checks_backends, checks_combos, checks_support, checks_values
+from rl.core.config import checks_backends, checks_combos, checks_critic, checks_support, checks_values
 from rl.core.config.errors import Problems
 from rl.core.config.schema import Config
 
@@ -42,14 +47,17 @@ CHECKS: tuple[Callable[[Config, Problems], None], ...] = (
     checks_combos.check_group_advantages,
     checks_combos.check_colocation,
     checks_combos.check_off_policy_bounds,
+    checks_combos.check_kl_and_policy_loss,
     checks_combos.check_engine_devices,
     checks_combos.check_weight_sync_backend,
     checks_combos.check_reward_shaping,
     checks_combos.check_environment,
     checks_combos.check_reward_models,
     checks_combos.check_lora,
+    checks_critic.check_critic,
     checks_backends.check_strategy,
     checks_support.check_unsupported,
+    checks_support.check_flash_attn,
 )
 
 

@@ -13,9 +13,10 @@ the slot is padding (``input_ids`` = pad id, ``loss_mask`` = False, float fields
 
 Logprob alignment. Per-token tensors (``loss_mask``, ``advantages``, ``old_logprobs``, ``ref_logprobs``,
 ``rollout_logprobs``) are aligned with the TARGET token: entry t holds log p(input_ids[t] | earlier tokens of the
-same sequence). The first token of every sequence has no prediction, so its ``loss_mask`` is always False (the
-builders reject anything else). A model's logits at position t predict token t + 1: gather log-softmax with
-``prediction_targets()`` and move the result onto the targets with ``align_to_targets``.
+same sequence); the critic's fields (``old_values``, ``returns``) likewise hold the value of the state before token t
+(the critic's output at position t - 1). The first token of every sequence has no prediction, so its ``loss_mask``
+is always False (the builders reject anything else). A model's logits at position t predict token t + 1: gather
+log-softmax with ``prediction_targets()`` and move the result onto the targets with ``align_to_targets``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-TOKEN_FIELDS = ("advantages", "old_logprobs", "ref_logprobs", "rollout_logprobs")
+TOKEN_FIELDS = ("advantages", "old_logprobs", "ref_logprobs", "rollout_logprobs", "old_values", "returns")
 """Optional per-token float fields, aligned with the target token."""
 
 
@@ -50,6 +51,8 @@ class PackedBatch:
     old_logprobs: Tensor | None = None
     ref_logprobs: Tensor | None = None
     rollout_logprobs: Tensor | None = None
+    old_values: Tensor | None = None  # the critic's values before its update (value clipping)
+    returns: Tensor | None = None  # the critic's targets (GAE's advantages + values)
     padded: bool = False
 
     def __post_init__(self) -> None:

@@ -25,6 +25,10 @@ POLICY_CODES = {"regular": 0, "dual_clip": 1, "cispo": 2}
 KL_CODES = {"k1": 0, "abs": 1, "k2": 2, "k3": 3}
 UNFUSED_POLICY_LOSSES = {
     "gspo": "its ratio is a sequence mean of logprobs, known only after every token of the sequence is scored",
+    "clip_cov": "it picks tokens by a covariance over every token of the micro-batch, known only after all are scored",
+    "kl_cov": "it picks tokens by a covariance over every token of the micro-batch, known only after all are scored",
+    "sapo": "no kernel formula yet (a per-token gate: it could have one)",
+    "importance_sampling": "no kernel formula yet (-r * A per token: it could have one)",
 }
 """Registered policy losses the kernels leave to the logits path, and why; the config refuses them with
 trainer.policy.use_fused_kernels (rl/core/config/checks_values.py)."""

@@ -61,11 +61,13 @@ def prepare_embedded_default(
     warmup_steps: int = WARMUP_STEPS,
     log: Callable[[str], None] | None = print,
     cache_dir: str | Path | None = None,
+    forget_rate: float = Recipe.forget_rate,
 ) -> EmbeddedDefault:
     """Write the task data and build the warmed-up model under `workdir`, or reuse what a previous call built;
-    with `cache_dir`, the model comes from (and is built once in) that cache."""
+    with `cache_dir`, the model comes from (and is built once in) that cache. `forget_rate`: the share of
+    carrying demonstrations written carelessly (0 for the embedded teacher)."""
     root = Path(workdir).expanduser()
-    recipe = Recipe(seed=seed, warmup_steps=warmup_steps)
+    recipe = Recipe(seed=seed, warmup_steps=warmup_steps, forget_rate=forget_rate)
     data_dir, model_dir = root / "data", root / "model"
     train_path, val_path = data_dir / SPLIT_FILES["train"], data_dir / SPLIT_FILES["validation"]
     marker = read_marker(model_dir)

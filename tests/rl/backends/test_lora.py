@@ -59,9 +59,10 @@ def strategy(request):
 
 
 def _backend(path, strategy=STRATEGIES["fsdp2"], lora=LORA):
+    """float32 on every device (trainer.bf16=false): the oracle is float32 PEFT."""
     name, options = strategy
     spec = ModelSpec(path=path, role="policy", temperature=1.0, lr=LR, weight_decay=0.0, lora=lora,
-                     backend_options=options)
+                     backend_options=options, bf16=False)
     return build_backend(name, spec, init_distributed(0, 1, "127.0.0.1", PORT))
 
 

@@ -33,7 +33,9 @@ def test_logprobs_match_transformers_and_a_step_trains(tmp_path, options):
     Qwen2ForCausalLM(config).save_pretrained(tmp_path)
     info = init_distributed(0, 1, "127.0.0.1", free_port())
     try:
-        spec = ModelSpec(path=str(tmp_path), role="policy", temperature=1.0, lr=1e-2, backend_options=options)
+        # float32 (trainer.bf16=false), to compare with float32 transformers
+        spec = ModelSpec(path=str(tmp_path), role="policy", temperature=1.0, lr=1e-2, backend_options=options,
+                         bf16=False)
         backend = build_backend("megatron", spec, info)
         assert megatron_utils.torch is torch, "the CPU compatibility layer must stay off on GPU"
         distributed = isinstance(backend.optimizer.megatron.chained_optimizers[0], DistributedOptimizer)

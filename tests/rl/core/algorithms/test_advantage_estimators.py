@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rl.core.algorithms import ADVANTAGE_ESTIMATORS, compute_advantages
+from tests.testing.tolerances import assert_within, gamma
 
 EPS = 1e-6
 
@@ -16,7 +17,7 @@ def mask_from_lengths(lengths, width):
 
 
 def test_registry_names():
-    assert ADVANTAGE_ESTIMATORS.names() == ["gae", "grpo", "reinforce++", "rloo"]
+    assert ADVANTAGE_ESTIMATORS.names() == ["gae", "grpo", "no_op", "reinforce++", "rloo"]
     with pytest.raises(KeyError, match="grpo"):
         ADVANTAGE_ESTIMATORS.get("grp0")
 
@@ -83,6 +84,78 @@ def test_reinforce_plus_plus_hand_computed():
     scale = 1 / math.sqrt(0.375 + 1e-8)
     expected = torch.tensor([[-0.5, 0.0, 0.0], [-0.5, 0.0, 1.0]], dtype=torch.float64) * scale
     torch.testing.assert_close(adv, expected)
+
+
+def assert_hand(got, want, ops=32):
+    """float64 both sides, each within gamma_ops (Higham) of the exact value relative to the magnitudes met (the
+    largest |want|: returns, means and whitened values of order one), so they differ by <= 2 * gamma_ops * that."""
+    want = torch.as_tensor(want, dtype=torch.float64)
+    assert_within(got, want, 2 * gamma(ops, torch.float64) * float(want.abs().max()))
+
+
+def test_reinforce_plus_plus_carries_returns_through_observation_spans():
+    # gamma 0.5; row 0 is a two-turn episode: policy tokens 0-1, observation tokens 2-3, policy tokens 4-5, reward
+    # 1 on t=5: returns t5 1, t4 0.5, t3 and t2 0 (the running 0.5 passes through undiscounted), t1 0.25, t0 0.125.
+    # row 1: three policy tokens, reward 2 on t=2: returns [0.5, 1, 2]. Whitening over the seven policy tokens.
+    rewards = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1], [1, 1, 1, 0, 0, 0]], dtype=torch.bool)
+    adv, returns = compute_advantages("reinforce++", rewards, mask, gamma=0.5)
+    want = [[0.125, 0.25, 0.0, 0.0, 0.5, 1.0], [0.5, 1.0, 2.0, 0.0, 0.0, 0.0]]
+    assert_hand(returns, want)
+    valid = [0.125, 0.25, 0.5, 1.0, 0.5, 1.0, 2.0]
+    mean, std = statistics.mean(valid), math.sqrt(statistics.variance(valid) + 1e-8)
+    white = torch.tensor(want, dtype=torch.float64).sub(mean).div(std) * mask
+    assert_hand(adv, white)
+
+
+def test_no_op_passes_the_token_rewards_through():
+    # SkyRL's no_op: advantages = returns = the token rewards (masked); without them, the outcome on the last token
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    token_rewards = torch.tensor([[-0.5, 0.25, 1.0], [0.3, -0.1, 7.0]], dtype=torch.float64)
+    adv, returns = compute_advantages("no_op", torch.zeros(2, dtype=torch.float64), mask, token_rewards=token_rewards)
+    assert torch.equal(adv, torch.tensor([[-0.5, 0.25, 1.0], [0.3, -0.1, 0.0]], dtype=torch.float64))
+    assert torch.equal(returns, adv)
+    adv, _ = compute_advantages("no_op", torch.tensor([2.0, 3.0], dtype=torch.float64), mask)
+    assert torch.equal(adv, torch.tensor([[0.0, 0.0, 2.0], [0.0, 3.0, 0.0]], dtype=torch.float64))
+
+
+def test_outcome_estimators_score_token_rewards_by_their_row_sums():
+    # grpo on token rewards = grpo on their row sums: [1 - 0.25, 0 - 0.5, 0.5 + 0.25] = [0.75, -0.5, 0.75]
+    # one group: mean 1/3, unbiased var ((5/12)^2 * 2 + (5/6)^2) / 2 = 25/48 -> std 5 / sqrt(48)
+    mask = torch.ones(3, 2, dtype=torch.bool)
+    token_rewards = torch.tensor([[-0.25, 1.0], [-0.5, 0.0], [0.25, 0.5]], dtype=torch.float64)
+    groups = torch.zeros(3, dtype=torch.long)
+    adv, _ = compute_advantages(
+        "grpo", torch.zeros(3, dtype=torch.float64), mask, groups, epsilon=0.0, token_rewards=token_rewards
+    )
+    std = 5 / math.sqrt(48)
+    assert_hand(adv[:, 0], [(0.75 - 1 / 3) / std, (-0.5 - 1 / 3) / std, (0.75 - 1 / 3) / std])
+    rloo, _ = compute_advantages("rloo", torch.zeros(3, dtype=torch.float64), mask, groups, token_rewards=token_rewards)
+    assert_hand(rloo[:, 0], [0.75 - 0.125, -0.5 - 0.75, 0.75 - 0.125])
+
+
+def test_per_token_estimators_read_token_rewards_per_token():
+    # reinforce++, gamma 1: token rewards [0.5, 0, 1] -> returns [1.5, 1, 1]; row 1 [0, -1, 2] -> [1, 1, 2]
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    token_rewards = torch.tensor([[0.5, 0.0, 1.0], [0.0, -1.0, 2.0]], dtype=torch.float64)
+    _, returns = compute_advantages(
+        "reinforce++", torch.zeros(2, dtype=torch.float64), mask, gamma=1.0, token_rewards=token_rewards
+    )
+    assert_hand(returns, [[1.5, 1.0, 1.0], [1.0, 1.0, 2.0]])
+    # gae with zero values and gamma = lambda = 1: the advantages before whitening are the same reward-to-go
+    _, returns = compute_advantages(
+        "gae",
+        torch.zeros(2, dtype=torch.float64),
+        mask,
+        values=torch.zeros(2, 3, dtype=torch.float64),
+        token_rewards=token_rewards,
+    )
+    assert_hand(returns, [[1.5, 1.0, 1.0], [1.0, 1.0, 2.0]])
+
+
+def test_token_rewards_shape_is_checked():
+    with pytest.raises(ValueError, match="token_rewards"):
+        compute_advantages("no_op", torch.ones(2), torch.ones(2, 3), token_rewards=torch.ones(2, 4))
 
 
 def test_gae_hand_computed():

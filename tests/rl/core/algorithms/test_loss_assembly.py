@@ -1,5 +1,6 @@
 """compute_policy_loss: hand-computed assembly, settings from config, and gradient invariance of every reduction
-under micro-batch size (1, 2, 8) and data-parallel size (1 vs 2 simulated ranks)."""
+under micro-batch size (1, 2, 8) and data-parallel size (1 vs 2 simulated ranks) for every per-token loss (the
+covariance losses select tokens within the micro-batch they see, as in the peers)."""
 
 import itertools
 from types import SimpleNamespace
@@ -8,6 +9,8 @@ import pytest
 import torch
 
 from rl.core.algorithms import LOSS_REDUCTIONS, POLICY_LOSSES, LossSettings, compute_policy_loss
+from rl.core.algorithms.policy_loss import COVARIANCE_LOSSES
+from tests.testing.tolerances import assert_within, gamma
 
 F64 = torch.float64
 
@@ -82,11 +85,33 @@ def test_settings_from_config_reads_names():
         ({"eps_clip_low": 1.5}, "trainer.algorithm.eps_clip_low"),
         ({"policy_loss_type": "dual_clip", "clip_ratio_c": 0.5}, "trainer.algorithm.clip_ratio_c"),
         ({"loss_reduction": "seq_mean_token_sum_norm"}, "generator.max_generate_length"),
+        ({"tau_neg": 0.0}, "trainer.algorithm.sapo.tau_neg"),
+        ({"clip_cov_ratio": 1.5}, "trainer.algorithm.clip_cov.clip_ratio"),
+        ({"clip_cov_lb": 5.0}, "trainer.algorithm.clip_cov.clip_cov_lb"),
+        ({"kl_cov_frac": 0.0}, "trainer.algorithm.kl_cov.kl_cov_frac"),
+        ({"ppo_kl_coef": -1.0}, "trainer.algorithm.kl_cov.ppo_kl_coef"),
     ],
 )
 def test_settings_errors_name_the_key(fields, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         LossSettings(**fields)
+
+
+def test_loss_options_come_from_their_blocks_and_reach_the_loss():
+    algorithm = SimpleNamespace(policy_loss_type="sapo", sapo={"tau_pos": 2.0, "tau_neg": 3.0},
+                                clip_cov=SimpleNamespace(clip_ratio=0.5, clip_cov_lb=0.0, clip_cov_ub=1.0),
+                                kl_cov=SimpleNamespace(kl_cov_frac=0.3, ppo_kl_coef=0.5))
+    settings = LossSettings.from_config(algorithm)
+    assert settings.loss_options() == {"tau_pos": 2.0, "tau_neg": 3.0, "clip_cov_ratio": 0.5, "clip_cov_lb": 0.0,
+                                       "clip_cov_ub": 1.0, "kl_cov_frac": 0.3, "ppo_kl_coef": 0.5}
+    # ratio 1, A = [1, -1]: sapo's gate is 4 sigmoid(0) / tau = 2 / tau -> pg = [-2 / 2, 2 / 3]; token mean
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    logp = torch.tensor([[-1.0, -2.0]], dtype=F64)
+    loss, _ = compute_policy_loss(LossSettings(policy_loss_type="sapo", tau_pos=2.0, tau_neg=3.0, use_kl_loss=False),
+                                  logp, logp.clone(), torch.tensor([[1.0, -1.0]], dtype=F64), mask,
+                                  LossSettings(policy_loss_type="sapo").normalizer(mask))
+    want = torch.tensor((-1.0 + 2.0 / 3.0) / 2, dtype=F64)
+    assert_within(loss, want, 2 * gamma(8, F64) * 1.0)  # terms of magnitude <= 1, a handful of roundings
 
 
 def test_missing_inputs_name_the_key():
@@ -156,7 +181,10 @@ def run_rank(settings, data, rows, micro_batch_size, normalizer):
     return logp.grad, totals
 
 
-@pytest.mark.parametrize(("policy_loss", "reduction"), list(itertools.product(POLICY_LOSSES, LOSS_REDUCTIONS)))
+PER_TOKEN_LOSSES = [name for name in POLICY_LOSSES if name not in COVARIANCE_LOSSES]
+
+
+@pytest.mark.parametrize(("policy_loss", "reduction"), list(itertools.product(PER_TOKEN_LOSSES, LOSS_REDUCTIONS)))
 def test_gradient_is_independent_of_micro_batch_and_dp_split(policy_loss, reduction):
     settings = settings_for(policy_loss, reduction)
     data = mini_batch()
@@ -177,6 +205,20 @@ def test_gradient_is_independent_of_micro_batch_and_dp_split(policy_loss, reduct
     scaled = settings.normalizer(data["mask"], dp_world_size=2)
     averaged = sum(run_rank(settings, data, rows, 1, scaled)[0] for rows in shards) / 2
     torch.testing.assert_close(averaged, reference, rtol=1e-10, atol=1e-12)
+
+
+def test_covariance_losses_select_within_the_micro_batch_they_see():
+    # kl_cov on rows 0-3 alone picks the top covariance token among those rows' tokens; the same rows inside the
+    # whole mini-batch are ranked against the others' tokens too (the documented dependence on the split)
+    data = mini_batch()
+    kwargs = {"eps_clip_low": 0.2, "eps_clip_high": 0.2, "kl_cov_frac": 0.2}
+    part = slice(0, 4)
+    _, alone = POLICY_LOSSES.get("kl_cov")(data["logp"][part], data["old"][part], data["adv"][part],
+                                           data["mask"][part], **kwargs)
+    _, inside = POLICY_LOSSES.get("kl_cov")(data["logp"], data["old"], data["adv"], data["mask"], **kwargs)
+    assert alone["kl_cov_frac"].sum() == max(1, int(int(data["mask"][part].sum()) * 0.2))
+    assert inside["kl_cov_frac"].sum() == max(1, int(int(data["mask"].sum()) * 0.2))
+    assert not torch.equal(alone["kl_cov_frac"], inside["kl_cov_frac"][part])
 
 
 def test_micro_batch_mean_would_not_be_invariant():

@@ -1,6 +1,7 @@
 """Trainer-vs-rollout mismatch metrics and the off-policy corrections against hand-computed values (r = exp(old -
-rollout) per loss token), and the property the trainer relies on to apply TIS weights through the advantages:
-every registered policy loss is linear, with a non-negative factor, in each token's advantage."""
+rollout) per loss token), SkyRL's order of the corrections, and the property the trainer relies on to apply TIS
+weights through the advantages: every registered policy loss but the covariance ones (refused with TIS) is linear,
+with a non-negative factor, in each token's advantage."""
 
 import math
 from types import SimpleNamespace
@@ -10,6 +11,7 @@ import torch
 
 from rl.core.algorithms import POLICY_LOSSES
 from rl.core.algorithms.off_policy import correct, correction_enabled, mismatch_metrics
+from rl.core.algorithms.policy_loss import COVARIANCE_LOSSES
 
 
 def _config(**over):
@@ -94,7 +96,42 @@ def test_outlier_tokens_reject_their_sequence_and_token_mask_rejects_single_toke
     assert metrics["token_mask_masked_ratio"] == pytest.approx(2 / 5)
 
 
-@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_token_mask_comes_before_sequence_tis():
+    # SkyRL's order: the token mask [0.7, 2] drops e^-0.5 = 0.61 and e^1 = 2.72 from the first sequence, so its TIS
+    # product is e^0.5 over the one token left (with the old order, TIS first, it was e^(0.5 - 0.5 + 1) = e^1)
+    config = _config(tis_ratio_type="sequence", sequence_tis_ratio_clip_high=5.0, token_mask_is_threshold_low=0.7,
+                     token_mask_is_threshold_high=2.0)
+    weight, mask, metrics = correct(config, OLD, ROLLOUT, MASK, SEQ_IDS, 2)
+    assert mask.tolist() == [False, True, False, False, False, True, True]
+    first, second = math.exp(0.5), math.exp(0.2 - 0.1)
+    torch.testing.assert_close(weight, torch.tensor([0.0, first, 0.0, 0.0, 0.0, second, second]))
+    assert metrics["token_mask_masked_ratio"] == pytest.approx(2 / 5)
+
+
+def test_token_mask_comes_before_the_sequence_mask():
+    # after the token mask the first sequence's geometric mean is e^(0.5 / 1) = 1.65, outside [0.9, 1.5], so the
+    # sequence leaves (with the old order, the sequence mask first, it was e^(1 / 3) = 1.40 and stayed)
+    config = _config(sequence_mask_metric="geometric", geo_mask_low=0.9, geo_mask_high=1.5,
+                     token_mask_is_threshold_low=0.7, token_mask_is_threshold_high=2.0)
+    weight, mask, metrics = correct(config, OLD, ROLLOUT, MASK, SEQ_IDS, 2)
+    assert mask.tolist() == [False] * 5 + [True, True]
+    assert weight.tolist() == mask.float().tolist()
+    assert metrics["geo_sequence_mask_masked_ratio"] == 0.5
+
+
+def test_outlier_sequences_come_before_the_token_mask():
+    # the outlier bound rejects the first sequence (e^-0.5 < 0.7) before the token mask counts its tokens
+    config = _config(outlier_token_is_threshold_low=0.7, token_mask_is_threshold_low=0.95,
+                     token_mask_is_threshold_high=2.0)
+    _, mask, metrics = correct(config, OLD, ROLLOUT, MASK, SEQ_IDS, 2)
+    assert mask.tolist() == [False] * 5 + [True, False]  # e^0.2 = 1.22 stays, e^-0.1 = 0.905 < 0.95 leaves
+    assert metrics["token_mask_masked_ratio"] == pytest.approx(1 / 2)  # of the two tokens left, not of five
+
+
+LINEAR_LOSSES = [name for name in POLICY_LOSSES.names() if name not in COVARIANCE_LOSSES]
+
+
+@pytest.mark.parametrize("name", LINEAR_LOSSES)
 def test_scaling_a_tokens_advantage_scales_its_policy_loss(name):
     g = torch.Generator().manual_seed(0)
     lp, old = -torch.rand(12, generator=g) * 3, -torch.rand(12, generator=g) * 3

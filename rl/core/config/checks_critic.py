@@ -1,0 +1,67 @@
+"""Checks of the critic's keys (`trainer.critic`, its placement and batch sizes, PPO epochs, the critic warm-up).
+
+A critic exists only for `advantage_estimator=gae`; its keys set otherwise would train nothing, so they are refused.
+"""
+
+from __future__ import annotations
+
+from rl.core.config.errors import Problems
+from rl.core.config.parallel import parallel_sizes
+from rl.core.config.schema import Config
+
+_CRITIC = "trainer.critic."
+
+
+def check_critic(cfg: Config, problems: Problems) -> None:
+    trainer = cfg.trainer
+    critic, placement = trainer.critic, trainer.placement
+    if trainer.update_epochs_per_batch < 1:
+        problems.add("trainer.update_epochs_per_batch", f"must be >= 1, got {trainer.update_epochs_per_batch}")
+    if trainer.critic_warmup < 0:
+        problems.add("trainer.critic_warmup", f"must be >= 0, got {trainer.critic_warmup}")
+    if trainer.algorithm.advantage_estimator != "gae":
+        for key, value in ((_CRITIC + "model.path", critic.model.path),
+                           ("trainer.critic_mini_batch_size", trainer.critic_mini_batch_size),
+                           ("trainer.critic_warmup", trainer.critic_warmup or None)):
+            if value is not None:
+                problems.add(key, f"is set, but only trainer.algorithm.advantage_estimator=gae trains a critic "
+                                  f"(it is {trainer.algorithm.advantage_estimator}); unset it or use gae")
+        return
+    if critic.model.lora.rank > 0:
+        problems.add(_CRITIC + "model.lora.rank", "LoRA on the critic is not supported yet; set it to 0 (the critic "
+                                                  "trains all its weights)")
+    if critic.sequence_parallel_size != trainer.policy.sequence_parallel_size:
+        problems.add(_CRITIC + "sequence_parallel_size",
+                     f"{critic.sequence_parallel_size} differs from trainer.policy.sequence_parallel_size="
+                     f"{trainer.policy.sequence_parallel_size}; the critic runs on the policy's workers and data "
+                     "shards, so set them equal")
+    for name, policy in (("num_nodes", placement.policy_num_nodes),
+                         ("num_gpus_per_node", placement.policy_num_gpus_per_node)):
+        value = getattr(placement, f"critic_{name}")
+        if value is not None and value != policy:
+            problems.add(f"trainer.placement.critic_{name}",
+                         f"{value} differs from trainer.placement.policy_{name}={policy}: the critic runs on the "
+                         "policy's workers (colocated, as SkyRL's colocated critic); set it equal or null")
+    opt = critic.optimizer_config
+    for name in ("lr", "weight_decay", "max_grad_norm", "lr_warmup_steps"):
+        if getattr(opt, name) < 0:
+            problems.add(_CRITIC + f"optimizer_config.{name}", f"must be >= 0, got {getattr(opt, name)}")
+    _check_mini_batch(cfg, problems)
+
+
+def _check_mini_batch(cfg: Config, problems: Problems) -> None:
+    trainer = cfg.trainer
+    mini = trainer.critic_mini_batch_size
+    if mini is None:
+        return
+    if mini < 1 or trainer.train_batch_size % mini:
+        problems.add("trainer.critic_mini_batch_size",
+                     f"{mini} must be >= 1 and divide trainer.train_batch_size={trainer.train_batch_size}")
+        return
+    sizes = parallel_sizes(cfg)
+    n, micro = cfg.generator.n_samples_per_prompt, trainer.micro_train_batch_size_per_gpu
+    if sizes is not None and (mini * n) % (micro * sizes.data_parallel):
+        problems.add("trainer.critic_mini_batch_size",
+                     f"critic_mini_batch_size {mini} * generator.n_samples_per_prompt {n} = {mini * n} sequences "
+                     f"per critic step must be a multiple of trainer.micro_train_batch_size_per_gpu {micro} * "
+                     f"data-parallel size {sizes.data_parallel} = {micro * sizes.data_parallel}")
