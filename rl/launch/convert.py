@@ -4,7 +4,8 @@
 
 `checkpoint_to_hf` reads a training checkpoint of any strategy (every rank's files; the strategy and the model it
 started from are recorded in its trainer_state.json) into safetensors that `transformers` loads, which any strategy
-then starts from (`trainer.policy.model.path`). The megatron directions convert a Hugging Face checkpoint into
+then starts from (`trainer.policy.model.path`); with `--model=critic` the checkpoint's critic, as the one-label token
+classifier `trainer.critic.model.path` starts from. The megatron directions convert a Hugging Face checkpoint into
 megatron shard files for a TP/PP/EP layout (one file per model-parallel rank, Megatron-LM's
 `mp_rank_TT_PPP_EEE/model_optim_rng.pt` layout, which the megatron backend loads) and back. Runs in one process; no
 GPU needed.
@@ -25,11 +26,14 @@ flags.DEFINE_string("hf_config", None, "megatron_to_hf, checkpoint_to_hf: HF dir
                     "(default: the model recorded in the checkpoint).")
 flags.DEFINE_string("strategy", None, "checkpoint_to_hf: the strategy that wrote the checkpoint, for checkpoints "
                     "that do not record it.")
+flags.DEFINE_enum("model", "policy", ("policy", "critic"), "checkpoint_to_hf: which trained model to convert.")
 flags.mark_flags_as_required(["direction", "input", "output"])
 
 
-def training_checkpoint_to_hf(path: str, out_dir: str, hf_config: str | None, strategy: str | None) -> None:
-    """A verified training checkpoint's weights, through its strategy's reader, as a Hugging Face checkpoint."""
+def training_checkpoint_to_hf(path: str, out_dir: str, hf_config: str | None, strategy: str | None,
+                              model: str = "policy") -> None:
+    """A verified training checkpoint's weights (its policy's or its critic's), through its strategy's reader, as
+    a Hugging Face checkpoint."""
     import os
 
     from rl.backends.hf_model import save_hf_checkpoint
@@ -45,7 +49,10 @@ def training_checkpoint_to_hf(path: str, out_dir: str, hf_config: str | None, st
         raise ValueError(f"{path} is damaged: {'; '.join(damaged)}")
     state = checkpoint.read_trainer_state(path)
     strategy = state.get("strategy") or strategy
-    model_path = hf_config or state.get("model_path")
+    critic = model == "critic"
+    if critic and "critic_model_path" not in state:
+        raise ValueError(f"{path} holds no critic (its run did not train one: advantage_estimator gae)")
+    model_path = hf_config or state.get("critic_model_path" if critic else "model_path")
     if strategy is None or model_path is None:
         raise ValueError(f"{path}/{checkpoint.TRAINER_STATE} does not record "
                          f"{'the strategy; pass --strategy' if strategy is None else 'the model; pass --hf_config'}")
@@ -53,8 +60,11 @@ def training_checkpoint_to_hf(path: str, out_dir: str, hf_config: str | None, st
         raise ValueError(f"--strategy {strategy}: not a strategy; choose from {', '.join(STRATEGIES)}")
     if os.path.exists(out_dir):
         raise FileExistsError(f"{out_dir} already exists; conversions are never overwritten")
-    weights = backend_class(strategy).checkpoint_weights(path, model_path)
-    save_hf_checkpoint(model_path, weights, out_dir)
+    from rl.backends.worker import CRITIC_DIR
+
+    weights = backend_class(strategy).checkpoint_weights(os.path.join(path, CRITIC_DIR) if critic else path,
+                                                         model_path)
+    save_hf_checkpoint(model_path, weights, out_dir, critic=critic)
 
 
 def main(argv: list[str]) -> int:
@@ -65,7 +75,7 @@ def main(argv: list[str]) -> int:
 
     try:
         if FLAGS.direction == "checkpoint_to_hf":
-            training_checkpoint_to_hf(FLAGS.input, FLAGS.output, FLAGS.hf_config, FLAGS.strategy)
+            training_checkpoint_to_hf(FLAGS.input, FLAGS.output, FLAGS.hf_config, FLAGS.strategy, FLAGS.model)
         elif FLAGS.direction == "hf_to_megatron":
             if min(FLAGS.tp, FLAGS.pp, FLAGS.ep) < 1:
                 raise ValueError("--tp, --pp and --ep must be >= 1")

@@ -317,6 +317,8 @@ class Trainer:
                  "strategy": self.cfg.trainer.strategy, "model_path": _absolute(self.model_path)}
         if self.kl_in_reward is not None:
             state["kl_ctrl"] = self.kl_in_reward.state_dict()
+        if self.value_settings is not None:  # what `rl.launch.convert --model=critic` reads its config from
+            state["critic_model_path"] = _absolute(self.cfg.trainer.critic.model.path or self.model_path)
         checkpoint.commit(self.ckpt_root, step, state)
 
     def resume(self) -> int:

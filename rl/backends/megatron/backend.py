@@ -3,6 +3,7 @@
 The TP x PP ranks of a model-parallel group form one data-parallel shard (`data_parallel_rank`): the driver sends them
 the same micro-batches, and each call runs megatron's forward-backward schedule over all of them (1F1B overlap of the
 stages with PP > 1); logprobs come from the vocab-parallel logits; the loss is `rl.core.algorithms.compute_policy_loss`.
+A critic (role "critic") has a value head in place of the output layer (critic.py) and trains on `compute_value_loss`.
 Training uses megatron-core's own machinery on every device (optimizer.py), on CPU through cpu_compat.py: its
 DistributedDataParallel grad buffers, `finalize_model_grads`, the distributed optimizer (ZeRO-1 over DP, torch AdamW
 inside) and its grad norm and clipping, with the base class's LR warm-up. With `optimizer_cpu_offload` megatron's
@@ -30,12 +31,15 @@ from rl.backends.megatron import optimizer as mopt
 from rl.backends.megatron.config import MegatronConfig
 from rl.backends.megatron.context_parallel import context_parallel, local_inputs, positional_rotary, whole_row
 from rl.backends.megatron.cpu_compat import cpu_compat
+from rl.backends.megatron.critic import attach_value_heads, refuse_unsupported, token_values
 from rl.backends.megatron.fused import fused_policy_loss, output_layer_yields_hidden
 from rl.backends.megatron.logprobs import vocab_parallel_logprobs
 from rl.backends.megatron.parallel import current_layout, init_parallel_state
+from rl.backends.precision import bf16_compute
 from rl.backends.ulysses import gradient_scale
 from rl.backends.weight_sync import Bucket, rank0_buckets
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
+from rl.core.algorithms.value_loss import ValueLossSettings, compute_value_loss
 from rl.core.packing import PackedBatch
 
 
@@ -50,10 +54,14 @@ class MegatronBackend(TrainingBackend):
         from rl.backends.megatron.convert import hf_to_megatron
         from rl.backends.megatron.model import build_gpt_model, transformer_config
 
+        if self.is_critic:
+            refuse_unsupported(self.spec)
         self.options = MegatronConfig.from_options(self.spec.backend_options)
         init_parallel_state(self.options, self.dist.world_size)
         self.layout = current_layout()
         self.hf_config = AutoConfig.from_pretrained(os.path.expanduser(self.spec.path))
+        if self.is_critic:  # the value head is no output embedding
+            self.hf_config.tie_word_embeddings = False
         opts = self.options
         # trainer.gradient_checkpointing means whole-layer recompute here unless megatron_config names a granularity.
         recompute = opts.recompute_granularity or ("full" if self.spec.gradient_checkpointing else None)
@@ -61,6 +69,8 @@ class MegatronBackend(TrainingBackend):
                                     recompute if self.trainable else None, opts.transformer_config_kwargs)
         # One model chunk per virtual pipeline stage (VP of them with the interleaved schedule; one otherwise).
         self.chunks = [build_gpt_model(self.hf_config, config, self.layout, k) for k in range(self.layout.vp)]
+        if self.is_critic:
+            attach_value_heads(self.chunks, self.layout.chunks(), self.hf_config.hidden_size, opts.sequence_parallel)
         self.model = self.chunks[0] if len(self.chunks) == 1 else torch.nn.ModuleList(self.chunks)
         self.cp = context_parallel(opts.context_parallel_size)
         if self.cp is not None:
@@ -71,7 +81,7 @@ class MegatronBackend(TrainingBackend):
         weights, adapters = self._hf_weights()
         self.adapters: list = []
         for chunk, layout in zip(self.chunks, self.layout.chunks(), strict=True):
-            self._load_local(chunk, hf_to_megatron(weights, self.hf_config, layout))
+            self._load_local(chunk, hf_to_megatron(weights, self.hf_config, layout, self.is_critic))
             if self.spec.lora:
                 from rl.backends.lora import scaling
                 from rl.backends.megatron.lora import attach
@@ -90,12 +100,17 @@ class MegatronBackend(TrainingBackend):
             self.model.requires_grad_(False)
 
     def _hf_weights(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """The HF model's weights and, with LoRA, the adapters PEFT puts on it (its targets, its initial values,
-        so that every strategy starts a LoRA run from the same adapters)."""
+        """The HF model's weights (a critic's with the value head every strategy starts from, as `lm_head.*`) and,
+        with LoRA, the adapters PEFT puts on it (its targets, its initial values, so that every strategy starts a
+        LoRA run from the same adapters)."""
         from rl.backends.hf_model import load_causal_lm
         from rl.backends.lora import BASE_LAYER, add_lora, is_adapter
 
         model = load_causal_lm(self.spec.path, torch.device("cpu"))
+        if self.is_critic:
+            from rl.backends.value_head import attach_value_head
+
+            attach_value_head(model, self.spec.path)
         if not self.spec.lora:
             return model.state_dict(), {}
         add_lora(model, self.spec.lora, self.spec.path)
@@ -165,7 +180,11 @@ class MegatronBackend(TrainingBackend):
         chunks = self._scheduled_chunks()
         # Each model chunk walks the micro-batches in order (the interleaved schedule takes one iterator per chunk).
         order = [iter(range(len(batches))) for _ in chunks]
-        with cpu_compat(self.dist.device):
+        # trainer.bf16: bf16 autocast over the schedule, its backward included (megatron's linear layers compute
+        # their input gradients from the forward's casts only under CUDA autocast), fp32 weights, grads and logprobs.
+        bf16 = torch.autocast(self.dist.device.type, torch.bfloat16, enabled=bf16_compute(self.spec.bf16,
+                                                                                          self.dist.device))
+        with cpu_compat(self.dist.device), bf16:
             return get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=order if len(chunks) > 1 else order[0], model=chunks,
                 num_microbatches=len(batches), seq_length=max(lengths) // cp, micro_batch_size=1,
@@ -183,38 +202,61 @@ class MegatronBackend(TrainingBackend):
                                 and first_of_cp)
 
     @torch.no_grad()
-    def _forward_only(self, batches: list[PackedBatch], with_entropy: bool) -> list[dict] | None:
+    def _forward_only(self, batches: list[PackedBatch], score) -> list[dict] | None:
+        """`score(output, batch)` of each micro-batch (a dict of CPU tensors) on the reporting rank, None on the
+        others; `output` is the last stage's (vocab-parallel logits, or a critic's values)."""
         count, (batches, _) = len(batches), self._micro_batches(batches)
         self.model.eval()
 
-        def loss_func(i, logits):
-            lp, ent = self._token_logprobs(logits, batches[i], with_entropy)
-            return logits.new_zeros(()), {"lp": lp.float().cpu(), "ent": ent.float().cpu() if with_entropy else None}
+        def loss_func(i, output):
+            return output.new_zeros(()), score(output, batches[i])
 
         out = self._schedule(batches, loss_func, forward_only=True)
         return out[:count] if self.data_parallel_rank().reports else None
 
+    def _logprobs_only(self, batches: list[PackedBatch], with_entropy: bool) -> list[dict] | None:
+        def score(logits, batch):
+            lp, ent = self._token_logprobs(logits, batch, with_entropy)
+            return {"lp": lp.float().cpu(), "ent": ent.float().cpu() if with_entropy else None}
+
+        return self._forward_only(batches, score)
+
     def logprobs_micro_batches(self, batches: list[PackedBatch], with_entropy: bool = False) -> list[Tensor] | None:
-        out = self._forward_only(batches, with_entropy)
+        out = self._logprobs_only(batches, with_entropy)
         return None if out is None else [o["lp"][:b.num_tokens] for o, b in zip(out, batches, strict=True)]
 
     def logprobs(self, batch: PackedBatch, with_entropy: bool = False) -> tuple[Tensor | None, Tensor | None]:
         """One micro-batch's (logprobs, entropy) on the reporting rank; (None, None) on the others."""
-        out = self._forward_only([batch], with_entropy)
+        out = self._logprobs_only([batch], with_entropy)
         if out is None:
             return None, None
         n = batch.num_tokens
         return out[0]["lp"][:n], (out[0]["ent"][:n] if with_entropy else None)
 
-    def train_micro_batches(self, batches: list[PackedBatch], settings: LossSettings, normalizer: LossNormalizer
-                            ) -> dict[str, float] | None:
+    def values_micro_batches(self, batches: list[PackedBatch]) -> list[Tensor] | None:
+        """A critic's [N] values per micro-batch (`critic.token_values`) on the reporting rank; None on the others."""
+        out = self._forward_only(batches, lambda output, batch: {"v": token_values(output, batch, self.cp).cpu()})
+        return None if out is None else [o["v"][:b.num_tokens] for o, b in zip(out, batches, strict=True)]
+
+    def values(self, batch: PackedBatch) -> Tensor | None:
+        """One micro-batch's values on the reporting rank; None on the others."""
+        out = self.values_micro_batches([batch])
+        return None if out is None else out[0]
+
+    def train_micro_batches(self, batches: list[PackedBatch], settings: LossSettings | ValueLossSettings,
+                            normalizer: LossNormalizer) -> dict[str, float] | None:
+        """The policy loss, or a critic's value loss with `ValueLossSettings`, over the micro-batches."""
         batches, real = self._micro_batches(batches)
         self.model.train()
         fused, seen = self.spec.fused_kernels, {}
 
         def loss_func(i, output):
             batch = batches[i]
-            if fused:  # `output` holds the final hidden states (fused.output_layer_yields_hidden)
+            if self.is_critic:
+                loss, metrics = compute_value_loss(
+                    settings, token_values(output, batch, self.cp), batch.old_values, batch.returns, batch.loss_mask,
+                    normalizer, seq_ids=batch.token_seq_ids(), num_sequences=batch.num_sequences)
+            elif fused:  # `output` holds the final hidden states (fused.output_layer_yields_hidden)
                 loss, metrics = self._fused_loss(output[0, :batch.num_tokens], seen["weight"], batch, settings,
                                                  normalizer)
             else:
@@ -249,8 +291,8 @@ class MegatronBackend(TrainingBackend):
                                  vocab_size=self.hf_config.vocab_size, group=ps.get_tensor_model_parallel_group(),
                                  temperature=self.spec.temperature, chunk_size=self.spec.fused_chunk_size)
 
-    def forward_backward(self, batch: PackedBatch, settings: LossSettings, normalizer: LossNormalizer,
-                         last_micro_batch: bool = True) -> dict[str, float]:
+    def forward_backward(self, batch: PackedBatch, settings: LossSettings | ValueLossSettings,
+                         normalizer: LossNormalizer, last_micro_batch: bool = True) -> dict[str, float]:
         """One micro-batch; its metrics on the reporting rank, {} on the others."""
         return self.train_micro_batches([batch], settings, normalizer) or {}
 
@@ -329,7 +371,7 @@ class MegatronBackend(TrainingBackend):
         if self.dist.is_main:  # lets `rl.launch.convert --direction=megatron_to_hf` read training checkpoints
             from rl.backends.megatron.hf_io import write_layout
 
-            write_layout(path, self.layout, os.path.expanduser(self.spec.path))
+            write_layout(path, self.layout, os.path.expanduser(self.spec.path), self.is_critic)
             if self.spec.lora:
                 from rl.backends.lora import write_adapter_config
 
@@ -397,7 +439,7 @@ class MegatronBackend(TrainingBackend):
                 yield from ((n, t.contiguous()) for n, t in hf_layer(shards, cfg, index, layout.tp, layout.ep).items())
         first, last = gathered(edges["first"]), gathered(edges["last"])
         if self.dist.is_main:
-            yield from ((n, t.contiguous()) for n, t in hf_edges(first, last, cfg, layout.tp).items())
+            yield from ((n, t.contiguous()) for n, t in hf_edges(first, last, cfg, layout.tp, self.is_critic).items())
 
     def full_state_dict(self) -> dict[str, Tensor]:
         from rl.backends.megatron.convert import megatron_to_hf
@@ -406,4 +448,4 @@ class MegatronBackend(TrainingBackend):
         if shards is None:
             return {}
         layout = self.layout
-        return megatron_to_hf(shards, self.hf_config, layout.tp, layout.pp * layout.vp, layout.ep)
+        return megatron_to_hf(shards, self.hf_config, layout.tp, layout.pp * layout.vp, layout.ep, self.is_critic)

@@ -9,6 +9,8 @@ HF names are those of the in-memory transformers model (`model.state_dict()`; Mi
 - PP: stage p holds global layers p * L/PP ... (p + 1) * L/PP - 1 as local 0 ...; embedding on the first stage,
   final norm and output layer on the last (tied models keep an output copy there when PP > 1).
 - EP: rank e holds experts e * E/EP ... as local_experts.0 ...; experts are TP-split like dense MLPs (ETP = TP).
+- A critic (`value_head`): the output layer is the value head (`lm_head.weight [1, H]`, `lm_head.bias [1]` in HF
+  naming, `rl.backends.value_head`), whole on every TP rank of the last stage (`critic.ValueHead`).
 """
 
 from __future__ import annotations
@@ -80,8 +82,8 @@ def _layer_to_megatron(hf: dict[str, Tensor], cfg, g: int, layout: Layout) -> di
     return out
 
 
-def hf_to_megatron(hf: dict[str, Tensor], cfg, layout: Layout) -> dict[str, Tensor]:
-    """The local megatron state dict of the rank at (tp_rank, pp_rank, ep_rank)."""
+def hf_to_megatron(hf: dict[str, Tensor], cfg, layout: Layout, value_head: bool = False) -> dict[str, Tensor]:
+    """The local megatron state dict of the rank at (tp_rank, pp_rank, ep_rank); with `value_head` a critic's."""
     per_stage = layout.layers_per_stage(cfg.num_hidden_layers)
     first, last = layout.pp_rank == 0, layout.pp_rank == layout.pp - 1
     out: dict[str, Tensor] = {}
@@ -94,7 +96,10 @@ def hf_to_megatron(hf: dict[str, Tensor], cfg, layout: Layout) -> dict[str, Tens
         out["embedding.word_embeddings.weight"] = _shard(embed, 0, layout.tp, layout.tp_rank)
     if last:
         out["decoder.final_layernorm.weight"] = hf["model.norm.weight"].clone()
-        if not cfg.tie_word_embeddings:
+        if value_head:
+            out["output_layer.weight"], out["output_layer.bias"] = (hf["lm_head.weight"].clone(),
+                                                                    hf["lm_head.bias"].clone())
+        elif not cfg.tie_word_embeddings:
             out["output_layer.weight"] = _shard(_pad_vocab(hf["lm_head.weight"], cfg, layout.tp), 0, layout.tp,
                                                 layout.tp_rank)
         elif layout.pp > 1:
@@ -137,9 +142,10 @@ def _merge_layer(get, cfg, tp: int, num_experts_local: int, ep: int) -> dict[str
     return out
 
 
-def megatron_to_hf(shards: dict[tuple[int, int, int], dict[str, Tensor]], cfg, tp: int, pp: int, ep: int
-                   ) -> dict[str, Tensor]:
-    """Full HF state dict from every rank's local state dict, keyed by (tp_rank, pp_rank, ep_rank)."""
+def megatron_to_hf(shards: dict[tuple[int, int, int], dict[str, Tensor]], cfg, tp: int, pp: int, ep: int,
+                   value_head: bool = False) -> dict[str, Tensor]:
+    """Full HF state dict from every rank's local state dict, keyed by (tp_rank, pp_rank, ep_rank); with
+    `value_head` a critic's."""
     per_stage = Layout(tp=tp, pp=pp, ep=ep).layers_per_stage(cfg.num_hidden_layers)
     out: dict[str, Tensor] = {}
     for stage in range(pp):
@@ -147,7 +153,8 @@ def megatron_to_hf(shards: dict[tuple[int, int, int], dict[str, Tensor]], cfg, t
             layer = {(r, e): sd for (r, s, e), sd in shards.items() if s == stage}
             out.update(hf_layer(layer, cfg, stage * per_stage + local, tp, ep, local))
     out.update(hf_edges({(r, e): shards[(r, 0, e)] for r in range(tp) for e in range(ep)},
-                        {(r, e): shards[(r, pp - 1, e)] for r in range(tp) for e in range(ep)}, cfg, tp))
+                        {(r, e): shards[(r, pp - 1, e)] for r in range(tp) for e in range(ep)}, cfg, tp,
+                        value_head))
     return {name: t.contiguous() for name, t in out.items()}
 
 
@@ -165,13 +172,17 @@ def hf_layer(shards: dict[tuple[int, int], dict[str, Tensor]], cfg, index: int, 
 
 
 def hf_edges(first: dict[tuple[int, int], dict[str, Tensor]], last: dict[tuple[int, int], dict[str, Tensor]], cfg,
-             tp: int) -> dict[str, Tensor]:
-    """Embedding, final norm and LM head from the (tp_rank, ep_rank) shards of the first and the last stage."""
+             tp: int, value_head: bool = False) -> dict[str, Tensor]:
+    """Embedding, final norm and LM head (a critic's value head with `value_head`: TP rank 0's copy) from the
+    (tp_rank, ep_rank) shards of the first and the last stage."""
     vocab = cfg.vocab_size
     out = {"model.embed_tokens.weight": torch.cat([first[(r, 0)]["embedding.word_embeddings.weight"]
                                                    for r in range(tp)])[:vocab],
            "model.norm.weight": last[(0, 0)]["decoder.final_layernorm.weight"]}
-    if cfg.tie_word_embeddings:
+    if value_head:
+        out["lm_head.weight"] = last[(0, 0)]["output_layer.weight"]
+        out["lm_head.bias"] = last[(0, 0)]["output_layer.bias"]
+    elif cfg.tie_word_embeddings:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
     else:
         out["lm_head.weight"] = torch.cat([last[(r, 0)]["output_layer.weight"] for r in range(tp)])[:vocab]

@@ -35,12 +35,15 @@ def hf_to_megatron_checkpoint(hf_path: str, out_dir: str, tp: int, pp: int, ep: 
     os.replace(staging, out_dir)
 
 
-def write_layout(directory: str, layout: Layout, hf_path: str) -> None:
-    """layout.json: the sizes the shards were cut for and the HF source (config, tokenizer) for converting back.
-    Model chunks of the interleaved schedule are pipeline stages here (PP * VP of them, `Layout.chunk`)."""
+def write_layout(directory: str, layout: Layout, hf_path: str, value_head: bool = False) -> None:
+    """layout.json: the sizes the shards were cut for and the HF source (config, tokenizer) for converting back;
+    `value_head` marks a critic's shards (`convert.hf_to_megatron`). Model chunks of the interleaved schedule are
+    pipeline stages here (PP * VP of them, `Layout.chunk`)."""
+    info = {"tp": layout.tp, "pp": layout.pp * layout.vp, "ep": layout.ep, "hf_path": os.path.abspath(hf_path)}
+    if value_head:
+        info["value_head"] = True
     with open(os.path.join(directory, LAYOUT_FILE), "w") as f:
-        json.dump({"tp": layout.tp, "pp": layout.pp * layout.vp, "ep": layout.ep, "hf_path": os.path.abspath(hf_path)},
-                  f)
+        json.dump(info, f)
 
 
 def read_layout(megatron_dir: str) -> dict:
@@ -53,16 +56,17 @@ def read_layout(megatron_dir: str) -> dict:
 
 def megatron_checkpoint_to_hf(megatron_dir: str, out_dir: str, hf_config_path: str | None = None) -> None:
     """Merges every shard back into Hugging Face safetensors (config and tokenizer from `hf_config_path`, default
-    the source recorded at conversion)."""
+    the source recorded at conversion); a critic's as a one-label token classifier."""
     from rl.backends.hf_model import save_hf_checkpoint
 
-    source = hf_config_path or read_layout(megatron_dir)["hf_path"]
-    save_hf_checkpoint(source, megatron_weights(megatron_dir, source), out_dir)
+    info = read_layout(megatron_dir)
+    source = hf_config_path or info["hf_path"]
+    save_hf_checkpoint(source, megatron_weights(megatron_dir, source), out_dir, critic=info.get("value_head", False))
 
 
 def megatron_weights(megatron_dir: str, hf_config_path: str) -> dict[str, torch.Tensor]:
-    """Every shard's model state merged under Hugging Face names; a LoRA checkpoint's adapters merged into the base
-    model at `hf_config_path`."""
+    """Every shard's model state merged under Hugging Face names (a critic's value head as `lm_head.weight`,
+    `lm_head.bias`); a LoRA checkpoint's adapters merged into the base model at `hf_config_path`."""
     from transformers import AutoConfig
 
     from rl.backends.lora import read_scaling, with_base
@@ -78,4 +82,4 @@ def megatron_weights(megatron_dir: str, hf_config_path: str) -> dict[str, torch.
                 shards[(t, p, e)] = ckpt.read_shard(megatron_dir, layout)["model"]
     if read_scaling(megatron_dir) is not None:  # adapters only
         return with_base(megatron_dir, hf_config_path, dict(to_hf(shards, config, info["tp"], info["pp"])))
-    return megatron_to_hf(shards, config, info["tp"], info["pp"], info["ep"])
+    return megatron_to_hf(shards, config, info["tp"], info["pp"], info["ep"], info.get("value_head", False))

@@ -6,7 +6,8 @@ Parity: fsdp on 2 workers, DeepSpeed ZeRO-3 on 2 workers and megatron with TP=2 
 norms up to summation order, and policy and critic exports within Adam's bounds of the reference's
 (`tests.testing.parity`). The critic's lr is raised so that its weights move far beyond those bounds.
 Warm-up: with `trainer.critic_warmup=2` the first two steps train the critic only: no policy loss is logged and the
-exported policy is the starting model bit for bit, while the critic's value loss falls.
+exported policy is the starting model bit for bit. The same run's last checkpoint, converted with
+`rl.launch.convert --model=critic`, is its critic export bit for bit.
 """
 
 import os
@@ -15,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rl.launch.convert import training_checkpoint_to_hf
 from rl.trainer.metrics import read_metrics
 from tests.testing import tolerances
 from tests.testing.parity import BETAS, COMPARED, REFERENCE, assert_same_run, gradient_rtol, initial_weights, \
@@ -67,7 +69,8 @@ def test_every_strategy_takes_the_reference_steps(job, reference, tmp_path, name
 
 def test_warm_up_trains_the_critic_alone(job, tmp_path):
     run_dir = str(tmp_path / "run")
-    overrides = [*job.overrides(steps=3), *GAE, "trainer.critic_warmup=2", "trainer.hf_save_interval=1"]
+    overrides = [*job.overrides(steps=3), *GAE, "trainer.critic_warmup=2", "trainer.hf_save_interval=1",
+                 "trainer.ckpt_interval=3"]
     result = run_train(run_dir, overrides)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     rows = {row["step"]: row for row in read_metrics(f"{run_dir}/metrics.jsonl") if "vf_loss" in row}
@@ -80,3 +83,8 @@ def test_warm_up_trains_the_critic_alone(job, tmp_path):
             assert torch.equal(tensor, start[name]), f"step {step}: the policy's {name} moved during the warm-up"
     last = load_file(os.path.join(run_dir, "exports", "global_step_3", "model.safetensors"))
     assert any(not torch.equal(tensor, start[name]) for name, tensor in last.items()), "step 3 trains the policy"
+    converted = str(tmp_path / "critic")
+    training_checkpoint_to_hf(f"{run_dir}/checkpoints/global_step_3", converted, None, None, model="critic")
+    exported = load_file(os.path.join(run_dir, "exports", "critic", "global_step_3", "model.safetensors"))
+    got = load_file(os.path.join(converted, "model.safetensors"))
+    assert got.keys() == exported.keys() and all(torch.equal(got[n], t) for n, t in exported.items())
