@@ -29,6 +29,7 @@ NEEDS = [
     ("vllm", r"test_train_gpu\.py::test_colocated_vllm", "a colocated vLLM engine"),
     ("deepspeed", r"test_hidden_loss\.py::.*deepspeed", "the deepspeed strategy"),
     ("deepspeed", r"test_lora\.py::.*zero[23]", "the deepspeed strategy (ZeRO-2/3)"),
+    ("deepspeed", r"test_critic\.py::.*zero[23]", "the deepspeed strategy (ZeRO-2/3)"),
     ("deepspeed", r"test_train_gpu\.py::.*\[deepspeed\]", "the deepspeed strategy"),
     ("megatron.core", r"^tests/rl/backends/megatron/test_gpu\.py::", "the megatron strategy"),
     ("megatron.core", r"test_train_gpu\.py::.*\[megatron\]", "the megatron strategy"),

@@ -77,8 +77,10 @@ unset TRITON_INTERPRET
 LANE_A=(
   tests/rl/kernels/test_kernels_gpu.py
   tests/rl/backends/test_offload_gpu.py
+  tests/rl/backends/test_device_buckets_gpu.py
   tests/rl/backends/test_hidden_loss.py
   tests/rl/backends/test_lora.py
+  tests/rl/backends/test_critic.py
   tests/rl/backends/test_bf16.py
   tests/rl/core/generation/test_weight_transports_gpu.py
   tests/rl/backends/megatron/test_gpu.py

@@ -8,6 +8,18 @@ from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.core.packing import pack_sequences
 
 
+def write_small_qwen(path: str) -> str:
+    """A 2-layer Qwen2 with a 32-token vocabulary and tied embeddings, random from seed 0, saved at `path`."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=True)
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return path
+
+
 def small_batch():
     """Three packed sequences (6, 9 and 4 tokens), the first two tokens of each outside the loss."""
     g = torch.Generator().manual_seed(0)

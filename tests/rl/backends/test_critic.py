@@ -8,7 +8,7 @@ checkpoint resumes exactly."""
 import pytest
 import torch
 import torch.distributed as dist
-from transformers import AutoConfig, AutoModelForTokenClassification, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoConfig, AutoModelForTokenClassification
 
 from rl.backends.base import ModelSpec
 from rl.backends.dist import init_distributed
@@ -19,6 +19,7 @@ from rl.core.algorithms import LossNormalizer
 from rl.core.algorithms.value_loss import ValueLossSettings
 from rl.core.packing import pack_sequences
 from tests.testing import tolerances
+from tests.testing.backend_steps import write_small_qwen
 
 PORT = 29673
 LR = 1e-2
@@ -37,13 +38,7 @@ def _process_group():
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=True)
-    path = str(tmp_path_factory.mktemp("base"))
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    return path
+    return write_small_qwen(str(tmp_path_factory.mktemp("base")))
 
 
 @pytest.fixture(params=list(STRATEGIES))
@@ -53,7 +48,9 @@ def strategy(request):
 
 def _critic(path, strategy):
     name, options = strategy
-    spec = ModelSpec(path=path, role="critic", temperature=1.0, lr=LR, weight_decay=0.0, backend_options=options)
+    # float32 on every device (trainer.bf16=false): the oracle is float32
+    spec = ModelSpec(path=path, role="critic", temperature=1.0, lr=LR, weight_decay=0.0, backend_options=options,
+                     bf16=False)
     return build_backend(name, spec, init_distributed(0, 1, "127.0.0.1", PORT))
 
 
@@ -113,12 +110,12 @@ def test_two_steps_match_the_token_classifier_oracle(model_path, strategy):
     optimizer.register_step_pre_hook(record_gradients)
     batch = _batch()
     rtol = _rtol(oracle.config, batch)
+    first = None  # the values before the first step stay the old ones (PPO epochs over one batch): step 2 clips
     for step in range(2):
         got_old = critic.values(batch)
         want_old = _oracle_values(oracle.eval(), batch).detach()
         tolerances.assert_within(got_old, want_old, rtol * float(want_old.abs().max()), msg=f"values, step {step}")
-        # the values before the first step stay the old ones (PPO epochs over one batch), so the second step clips
-        first = want_old if step == 0 else first
+        first = want_old if first is None else first
         step_batch = batch.replace(old_values=first)
         normalizer = LossNormalizer.from_counts("token_mean", int(batch.loss_mask.sum()), 3)
         got = critic.forward_backward(step_batch, SETTINGS, normalizer)

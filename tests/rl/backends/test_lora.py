@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from peft import PeftModel
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM
 
 from rl.backends.base import ModelSpec
 from rl.backends.dist import init_distributed
@@ -21,7 +21,7 @@ from rl.backends.lora import add_lora, save_adapter
 from rl.backends.registry import build_backend
 from rl.core.algorithms import LossNormalizer, LossSettings
 from tests.testing import tolerances
-from tests.testing.backend_steps import oracle_step, small_batch
+from tests.testing.backend_steps import oracle_step, small_batch, write_small_qwen
 
 PORT = 29671
 LORA = dict(rank=8, alpha=16, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
@@ -40,13 +40,7 @@ def _process_group():
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=True)
-    path = str(tmp_path_factory.mktemp("base"))
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    return path
+    return write_small_qwen(str(tmp_path_factory.mktemp("base")))
 
 
 STRATEGIES = {"fsdp2": ("fsdp2", None), "fsdp": ("fsdp", None), "zero2": ("deepspeed", None),

@@ -7,10 +7,12 @@ norms up to summation order, and policy and critic exports within Adam's bounds 
 (`tests.testing.parity`). The critic's lr is raised so that its weights move far beyond those bounds.
 Warm-up: with `trainer.critic_warmup=2` the first two steps train the critic only: no policy loss is logged and the
 exported policy is the starting model bit for bit. The same run's last checkpoint, converted with
-`rl.launch.convert --model=critic`, is its critic export bit for bit.
+`rl.launch.convert --model=critic`, is its critic export bit for bit; a run resumed from its step-2 checkpoint (policy
+and critic) logs the uninterrupted run's step 3 to the last bit.
 """
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -19,8 +21,16 @@ from safetensors.torch import load_file
 from rl.launch.convert import training_checkpoint_to_hf
 from rl.trainer.metrics import read_metrics
 from tests.testing import tolerances
-from tests.testing.parity import BETAS, COMPARED, REFERENCE, assert_same_run, gradient_rtol, initial_weights, \
-    outlier_share, run_layout
+from tests.testing.parity import (
+    BETAS,
+    COMPARED,
+    REFERENCE,
+    assert_same_run,
+    gradient_rtol,
+    initial_weights,
+    outlier_share,
+    run_layout,
+)
 from tests.testing.tiny_job import make_tiny_job, run_train
 
 EPOCHS = 2
@@ -70,7 +80,7 @@ def test_every_strategy_takes_the_reference_steps(job, reference, tmp_path, name
 def test_warm_up_trains_the_critic_alone(job, tmp_path):
     run_dir = str(tmp_path / "run")
     overrides = [*job.overrides(steps=3), *GAE, "trainer.critic_warmup=2", "trainer.hf_save_interval=1",
-                 "trainer.ckpt_interval=3"]
+                 "trainer.ckpt_interval=1"]
     result = run_train(run_dir, overrides)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     rows = {row["step"]: row for row in read_metrics(f"{run_dir}/metrics.jsonl") if "vf_loss" in row}
@@ -88,3 +98,11 @@ def test_warm_up_trains_the_critic_alone(job, tmp_path):
     exported = load_file(os.path.join(run_dir, "exports", "critic", "global_step_3", "model.safetensors"))
     got = load_file(os.path.join(converted, "model.safetensors"))
     assert got.keys() == exported.keys() and all(torch.equal(got[n], t) for n, t in exported.items())
+    resumed_dir = str(tmp_path / "resumed")
+    shutil.copytree(f"{run_dir}/checkpoints/global_step_2", f"{resumed_dir}/checkpoints/global_step_2")
+    result = run_train(resumed_dir, [*overrides, "trainer.resume_mode=latest"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    resumed = [row for row in read_metrics(f"{resumed_dir}/metrics.jsonl") if "vf_loss" in row]
+    assert [row["step"] for row in resumed] == [3]
+    for key in ("vf_loss", "values_mean", "critic_grad_norm", "explained_variance", "loss", "grad_norm"):
+        assert resumed[0][key] == rows[3][key], key
