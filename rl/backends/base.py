@@ -21,6 +21,7 @@ from rl.backends.hidden_loss import hidden_logprobs, hidden_policy_loss
 from rl.backends.ulysses import SequenceParallel, gradient_scale
 from rl.backends.weight_sync import Bucket, bucketed
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
+from rl.core.algorithms.sft_loss import SupervisedLossSettings
 from rl.core.algorithms.value_loss import ValueLossSettings, compute_value_loss
 from rl.core.packing import PackedBatch
 
@@ -257,7 +258,10 @@ class TrainingBackend(abc.ABC):
         batch = (batch if real else placeholder_batch()).to(self.dist.device)
         self.forward_module().train()
         spec = self.spec
-        if self.is_critic:
+        if isinstance(settings, SupervisedLossSettings):  # SFT / DPO (`sft_loss`, `dpo_loss`): from token logprobs
+            logprobs, _ = batch_logprobs(self.forward_module(), batch, spec.temperature, False, spec.kernels, self.sp)
+            loss, metrics = settings.compute(logprobs, batch, normalizer)
+        elif self.is_critic:
             values = batch_values(self.forward_module(), batch, self.sp)
             loss, metrics = compute_value_loss(settings, values, batch.old_values, batch.returns, batch.loss_mask,
                                                normalizer, seq_ids=batch.token_seq_ids(),

@@ -18,7 +18,7 @@ from rl.backends.base import TrainingBackend, weights_finite
 from rl.backends.deepspeed_config import merged_section
 from rl.backends.lora import add_lora, is_adapter, with_base, write_adapter_config
 from rl.backends.precision import bf16_compute
-from rl.backends.weight_sync import Bucket, rank0_buckets
+from rl.backends.weight_sync import Bucket, bucketed, rank0_buckets
 
 CHECKPOINT_TAG = "state"
 
@@ -123,16 +123,23 @@ class DeepSpeedBackend(TrainingBackend):
         """Parameters gathered in groups of about `bucket_bytes` (full size): under ZeRO-3 each group on its own
         (`GatheredParameters`, collective), released before the next, so no rank holds the whole model. Tied
         weights come once, under their first name."""
-        yield from rank0_buckets(self.hf_items(self._group_tensors(bucket_bytes)), bucket_bytes, self.dist.is_main)
+        yield from rank0_buckets(self.hf_items(self._group_tensors(bucket_bytes, self.dist.is_main, "cpu")),
+                                 bucket_bytes, self.dist.is_main)
 
-    def _group_tensors(self, group_bytes: int) -> Iterator[tuple[str, Tensor]]:
+    def device_buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """`weight_buckets` on every rank, each tensor copied where the gather puts it (this rank's device)."""
+        yield from bucketed(self.hf_items(self._group_tensors(bucket_bytes, True, None)), bucket_bytes)
+
+    def _group_tensors(self, group_bytes: int, keep: bool, device: str | None) -> Iterator[tuple[str, Tensor]]:
+        """Groups of parameters in full (collective under ZeRO-3), copied out where `keep` (to `device`; None:
+        where the gather put them)."""
         import deepspeed
 
         def gathered(group):
             context = (deepspeed.zero.GatheredParameters([p for _, p in group], modifier_rank=None)
                        if self.zero_stage == 3 else contextlib.nullcontext())
             with context:
-                return [(n, p.detach().to("cpu", copy=True)) for n, p in group] if self.dist.is_main else []
+                return [(n, p.detach().to(device or p.device, copy=True)) for n, p in group] if keep else []
 
         group, size = [], 0
         for name, param in self.model.named_parameters():

@@ -23,7 +23,7 @@ from rl.backends.fsdp_config import FSDPConfig, offloads
 from rl.backends.lora import add_lora
 from rl.backends.mesh import decoder_layers, device_mesh
 from rl.backends.precision import bf16_compute
-from rl.backends.weight_sync import Bucket, rank0_buckets
+from rl.backends.weight_sync import Bucket, bucketed, rank0_buckets
 
 
 def sharding_strategy(reshard_after_forward: bool, hybrid: bool) -> ShardingStrategy:
@@ -86,9 +86,16 @@ class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
         """One FSDP unit (a decoder layer, then the root's own parameters) gathered at a time
         (`summon_full_params(recurse=False)`, collective), its parameters copied on rank 0 until a bucket is full.
         Tied weights come once, under their first name."""
-        yield from rank0_buckets(self.hf_items(self._unit_tensors()), bucket_bytes, self.dist.is_main)
+        yield from rank0_buckets(self.hf_items(self._unit_tensors(self.dist.is_main, "cpu")), bucket_bytes,
+                                 self.dist.is_main)
 
-    def _unit_tensors(self) -> Iterator[tuple[str, Tensor]]:
+    def device_buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """`weight_buckets` on every rank, each tensor copied where the unit's gather puts it (this rank's device)."""
+        yield from bucketed(self.hf_items(self._unit_tensors(True, None)), bucket_bytes)
+
+    def _unit_tensors(self, keep: bool, device: str | None) -> Iterator[tuple[str, Tensor]]:
+        """Each unit's parameters in full (collective), copied out of the gather where `keep` (to `device`; None:
+        where the gather put them)."""
         wrapper = "_fsdp_wrapped_module."
         clean = lambda name: name.replace(wrapper, "")  # noqa: E731
         units = {clean(name): unit for name, unit in self.model.named_modules() if isinstance(unit, FSDP)}
@@ -101,8 +108,8 @@ class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
                     if any(full.startswith(inner) for inner in nested) or id(param) in seen:
                         continue  # a nested unit's (still sharded) parameter, or a tied alias
                     seen.add(id(param))
-                    if self.dist.is_main:
-                        yield full, param.detach().to("cpu", copy=True)
+                    if keep:
+                        yield full, param.detach().to(device or param.device, copy=True)
 
     def full_state_dict(self) -> dict[str, Tensor]:
         return self.own_to_hf(self.own_state_dict())

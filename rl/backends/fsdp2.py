@@ -17,7 +17,7 @@ from rl.backends.fsdp_config import FSDPConfig, offloads
 from rl.backends.lora import add_lora
 from rl.backends.mesh import decoder_layers, device_mesh
 from rl.backends.precision import bf16_compute
-from rl.backends.weight_sync import Bucket, rank0_buckets
+from rl.backends.weight_sync import Bucket, bucketed, rank0_buckets
 
 
 class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
@@ -58,11 +58,17 @@ class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
     def weight_buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
         """One parameter gathered at a time (`DTensor.full_tensor`, collective), kept on rank 0 until its bucket
         is full: no rank holds more than a bucket of full tensors."""
-        def gathered():
-            for name, value in self.model.state_dict().items():
-                full = value.full_tensor() if isinstance(value, DTensor) else value
-                if self.dist.is_main:
-                    yield name, full.detach().to("cpu", copy=True)
-                del full
+        yield from rank0_buckets(self.hf_items(self._gathered(self.dist.is_main, "cpu")), bucket_bytes,
+                                 self.dist.is_main)
 
-        yield from rank0_buckets(self.hf_items(gathered()), bucket_bytes, self.dist.is_main)
+    def device_buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """`weight_buckets` on every rank, each tensor where the all-gather leaves it (this rank's device)."""
+        yield from bucketed(self.hf_items(self._gathered(True, None)), bucket_bytes)
+
+    def _gathered(self, keep: bool, device: str | None) -> Iterator[tuple[str, Tensor]]:
+        """Each parameter in full (collective), yielded where `keep`: copied to `device`, or as gathered (None)."""
+        for name, value in self.model.state_dict().items():
+            full = value.full_tensor() if isinstance(value, DTensor) else value
+            if keep:
+                yield name, full.detach() if device is None else full.detach().to(device, copy=True)
+            del full

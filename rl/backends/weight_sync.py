@@ -5,6 +5,11 @@ rank 0 (the other ranks take part in each gather and keep nothing). `bucketed` c
 such lists. Every built-in strategy streams, gathering one piece at a time (fsdp2 a parameter, fsdp a unit,
 DeepSpeed ZeRO-3 a group of parameters, megatron a decoder layer), so no rank holds more than a bucket of full
 tensors beyond its own shard.
+
+`device_buckets(bucket_bytes)`, where a strategy has it (fsdp2, fsdp, deepspeed): the same buckets on every rank,
+each tensor on that rank's device (what each gather leaves on every rank anyway), so that every rank sharing a
+device with engine workers can feed them by handle without a copy through host memory (`TrainingWorker.share_weights`).
+`gathers_on_every_rank` tells whether a backend has it.
 """
 
 from __future__ import annotations
@@ -39,6 +44,11 @@ def rank0_buckets(named: Iterable[tuple[str, Tensor]], bucket_bytes: int, is_mai
     else:
         for _ in named:
             pass
+
+
+def gathers_on_every_rank(backend) -> bool:
+    """Whether `backend` yields its buckets on every rank (`device_buckets`)."""
+    return callable(getattr(backend, "device_buckets", None))
 
 
 def bucket_bytes(bucket: Bucket) -> int:

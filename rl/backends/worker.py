@@ -114,15 +114,30 @@ class TrainingWorker:
         return {"sync_bytes": float(sent), "sync_buckets": float(buckets)}
 
     def device_key(self) -> str:
-        """Where this worker's policy weights live (`shared_weights.device_key`)."""
+        """Where this worker's policy weights live (`shared_weights.device_key`; in an emulated run its slot, which
+        is its rank: `rl.trainer.placement`)."""
         from rl.core.generation.shared_weights import device_key
 
-        return device_key(self.policy.dist.device)
+        return device_key(self.policy.dist.device, self.rank)
 
-    def share_weights(self, engines: list, bucket_bytes: int) -> dict[str, float]:
-        """The policy's weights to every engine actor on this machine, one bucket at a time from rank 0, shared by
-        handle (`shared_weights`: CUDA IPC on a GPU, /dev/shm on the host): Ray carries only handles and layouts.
-        Collective like `push_weights`; returns what was sent (zeros on the other ranks)."""
+    def gathers_on_every_rank(self) -> bool:
+        """Whether the policy's strategy yields its weight buckets on every rank (`weight_sync.device_buckets`)."""
+        from rl.backends.weight_sync import gathers_on_every_rank
+
+        return gathers_on_every_rank(self.policy)
+
+    def share_weights(self, engines: list, bucket_bytes: int, feeders: tuple[tuple[int, ...], ...] | None = None
+                      ) -> dict[str, float]:
+        """The policy's weights to every engine actor, one bucket at a time, shared by handle (`shared_weights`:
+        CUDA IPC on a GPU, /dev/shm on the host): Ray carries only handles and layouts. `feeders[i][k]` is the rank
+        feeding engine i's worker k (`rl.trainer.engine_feeds`; None: rank 0 feeds them all). Collective; returns
+        what was sent (zeros on the other ranks)."""
+        feeders = feeders or tuple((0,) for _ in engines)
+        if {rank for ranks in feeders for rank in ranks} == {0}:
+            return self._share_from_rank0(engines, bucket_bytes)
+        return self._share_from_every_rank(engines, bucket_bytes, feeders)
+
+    def _share_from_rank0(self, engines: list, bucket_bytes: int) -> dict[str, float]:
         import ray
 
         from rl.core.generation.shared_weights import shared
@@ -131,11 +146,42 @@ class TrainingWorker:
         for bucket in self.policy.weight_buckets(bucket_bytes):
             if self.rank != 0 or not bucket:
                 continue
-            with shared(bucket, self.policy.dist.device) as (handles, entries, size):
+            with shared(bucket, self.policy.dist.device, self.device_key()) as (handles, entries, size):
                 del bucket
                 ray.get([engine.load_shared.remote(handles, entries) for engine in engines])
             sent, buckets = sent + size, buckets + 1
         return {"sync_bytes": float(sent), "sync_buckets": float(buckets)}
+
+    def _share_from_every_rank(self, engines: list, bucket_bytes: int, feeders: tuple[tuple[int, ...], ...]
+                               ) -> dict[str, float]:
+        """Every rank gathers each bucket on its own device (`device_buckets`); each feeding rank shares its copy
+        there, the handles are exchanged (one all-gather of a few bytes per rank), and the rank feeding an
+        engine's first worker hands the engine the handles of all its workers' ranks. A barrier keeps every buffer
+        until every engine has loaded from it."""
+        import contextlib
+
+        import ray
+        import torch.distributed as dist
+
+        from rl.core.generation.shared_weights import layout, shared
+
+        feeds = any(self.rank in ranks for ranks in feeders)
+        leads = [index for index, ranks in enumerate(feeders) if ranks[0] == self.rank]
+        sent = buckets = 0
+        for bucket in self.policy.device_buckets(bucket_bytes):
+            sharing = (shared(bucket, self.policy.dist.device, self.device_key()) if feeds
+                       else contextlib.nullcontext((None, *layout(bucket))))
+            with sharing as (handles, entries, size):
+                del bucket
+                everyone: list = [None] * self.world_size
+                dist.all_gather_object(everyone, handles)
+                ray.get([engines[index].load_shared.remote(
+                    {key: handle for rank in feeders[index] for key, handle in everyone[rank].items()}, entries)
+                    for index in leads])
+                dist.barrier()
+            sent, buckets = sent + size, buckets + 1
+        first = self.rank == 0
+        return {"sync_bytes": float(sent if first else 0), "sync_buckets": float(buckets if first else 0)}
 
     def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> None:
         """Rank 0 joins the process group of the engine actors as its rank 0 (`weight_stream`)."""

@@ -15,21 +15,22 @@ import sys
 
 
 def start_train(run_dir: str, overrides: list[str], *, threads: int = 1, env_extra: dict | None = None,
-                output=subprocess.PIPE) -> subprocess.Popen:
+                output=subprocess.PIPE, module: str = "rl.launch.train") -> subprocess.Popen:
     """`python -m rl.launch.train --run_dir=RUN_DIR OVERRIDES...` started with this interpreter and import path in a
     process group of its own, each process of the run on `threads` torch threads; stdout and stderr go to `output`
-    (pipes by default: read them, or pass open files for a run that is not waited on)."""
+    (pipes by default: read them, or pass open files for a run that is not waited on). `module`: another launcher
+    with the same flags (`rl.launch.sft`, `rl.launch.dpo`)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **(env_extra or {})}
-    cmd = [sys.executable, "-m", "rl.launch.train", f"--run_dir={run_dir}", *overrides]
+    cmd = [sys.executable, "-m", module, f"--run_dir={run_dir}", *overrides]
     return subprocess.Popen(cmd, stdout=output, stderr=output, text=True, env=env, start_new_session=True)
 
 
 def run_train(run_dir: str, overrides: list[str], *, threads: int = 1, timeout: float | None = None,
-              env_extra: dict | None = None) -> subprocess.CompletedProcess:
+              env_extra: dict | None = None, module: str = "rl.launch.train") -> subprocess.CompletedProcess:
     """`start_train`, waited for; stdout and stderr captured. On timeout the run's process group is killed and
     `subprocess.TimeoutExpired` raised, carrying the output so far."""
-    proc = start_train(run_dir, overrides, threads=threads, env_extra=env_extra)
+    proc = start_train(run_dir, overrides, threads=threads, env_extra=env_extra, module=module)
     cmd = proc.args
     try:
         stdout, stderr = proc.communicate(timeout=timeout)

@@ -1,4 +1,4 @@
-"""`bazel run //rl/launch:train -- [--strategy=S] [--config=FILE.yaml] [--run_dir=DIR] [key=value ...]`
+"""`bazel run //rl/launch:train -- [--strategy=S|auto] [--config=FILE.yaml] [--run_dir=DIR] [key=value ...]`
 
 Trains a policy with GRPO/PPO. With no arguments it runs the embedded default: a small model on a synthetic task
 on CPU. Positional `key=value` arguments override config keys (lists as "['a','b']").
@@ -10,10 +10,14 @@ from absl import app, flags
 
 from rl.backends.registry import STRATEGIES
 from rl.core.config import ConfigError, load_config
+from rl.trainer.memory_plan import resolve_auto
 
 FLAGS = flags.FLAGS
+FSDP1_NOTE = ("trainer.strategy=fsdp is FSDP1 (torch's FullyShardedDataParallel) here; SkyRL's fsdp is FSDP2 "
+              "(fully_shard) since May 2026: set trainer.strategy=fsdp2 for that")
 flags.DEFINE_string("strategy", None, f"Training backend, one of the registered strategies "
-                    f"({', '.join(STRATEGIES.names())}); overrides trainer.strategy.")
+                    f"({', '.join(STRATEGIES.names())}), or auto (the memory planner picks the strategy and its "
+                    "layout); overrides trainer.strategy.")
 flags.DEFINE_string("config", None, "YAML file layered over the defaults, before key=value overrides.")
 flags.DEFINE_string("run_dir", None, "Directory for the run's outputs (default: a new dated folder under runs/).")
 flags.DEFINE_string("ray_address", None, "Address of an existing Ray cluster to join (default: start a local one).")
@@ -22,10 +26,14 @@ flags.DEFINE_string("ray_address", None, "Address of an existing Ray cluster to 
 def main(argv: list[str]) -> int:
     overrides = argv[1:]  # key=value each; the config loader names any that is not
     try:
-        cfg = load_config(overrides, config_file=FLAGS.config, strategy=FLAGS.strategy)
+        cfg = load_config(overrides, config_file=FLAGS.config, strategy=FLAGS.strategy, auto=resolve_auto)
     except ConfigError as error:
         print(f"invalid configuration:\n{error}", file=sys.stderr)
         return 2
+    if cfg.trainer.auto_choice:
+        print(f"trainer.strategy=auto chose {cfg.trainer.auto_choice}", flush=True)
+    if cfg.trainer.strategy == "fsdp":
+        print(FSDP1_NOTE, flush=True)
     from rl.trainer.run import Interrupted, RunFailed, run_training
 
     try:

@@ -1,8 +1,8 @@
 """Generation engines in Ray actors (`generator.backend=vllm`, or any engine with
 `trainer.placement.colocate_all=false`): `generator.num_inference_engines` of them, the prompts of a call split
-evenly between them, and the weights pushed to them by the training workers' rank 0 in buckets
-(`rl.backends.weight_sync`), never through the driver. Calls can be started and collected later
-(`submit`/`collect`), which is how generation overlaps training (`rl.trainer.rollout_queue`)."""
+evenly between them, and the weights sent to them by the training workers in buckets (`rl.trainer.weight_sync`:
+by handle from the ranks on their devices, or from rank 0), never through the driver. Calls can be started and
+collected later (`submit`/`collect`), which is how generation overlaps training (`rl.trainer.rollout_queue`)."""
 
 from __future__ import annotations
 
@@ -53,9 +53,11 @@ class EngineActor:
         self.version, self.updating = version, False
 
     def device_keys(self) -> list[str]:
+        """The device of each of the engine's workers, in worker-rank order (`shared_weights.device_key`)."""
         return self.engine.device_keys()
 
     def load_shared(self, handles: dict[str, Any], entries: list) -> None:
+        """One bucket by handle: `handles` holds one per device its workers sit on."""
         self.engine.load_shared(handles, entries)
 
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:

@@ -283,6 +283,8 @@ class Trainer:
     def sync_weights(self, version: int) -> dict[str, float]:
         """The policy after `version` updates to the engines."""
         sent = self.weight_sync.sync(version)
+        if hasattr(self.episodes, "weights_updated"):  # agent episodes record each call's policy version
+            self.episodes.weights_updated(version)
         if self.rollout_queue is not None:
             self.rollout_queue.weights_updated(version)
         return sent

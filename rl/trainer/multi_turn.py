@@ -7,12 +7,14 @@ trainer would then score tokens the policy never sampled). A mask marks which to
 trainer computes its loss on those only.
 
 Batching: the first turn is one engine call with every prompt and `params.n` samples each; every later turn is one
-call with one sample per still-active episode, listed in trajectory order.
+call with one sample per still-active episode, listed in trajectory order. The environments' calls of a turn run
+side by side (`env_calls.CallPool`), and a failed one is handled as data.reward_on_error says (`EnvSettings`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +22,8 @@ from typing import Any
 from rl.core.data.records import PromptRecord
 from rl.core.environments import Environment, StepResult
 from rl.core.generation.engine import Rollout, SamplingParams
+from rl.trainer.env_calls import CallPool, EpisodeError, Outcome, checked_result, describe_failure
+from rl.trainer.rewarding import SHOWN_ERRORS, describe_row
 
 Generate = Callable[[list[list[int]], SamplingParams], list[Rollout]]
 
@@ -39,9 +43,11 @@ class Trajectory:
         turns: policy turns taken.
         finish_reason: "stop" (the environment ended it), "length" (a turn hit `params.max_new_tokens` and the
             environment did not end the episode), "max_turns" (the turn limit), or "context" (the context limit cut
-            a turn short, or left no room for the next observation and at least one new token).
+            a turn short, or left no room for the next observation and at least one new token), or "error" (a call
+            into its environment failed, with data.reward_on_error=zero: the episode scores 0).
         metrics: the environment's metrics from its last step.
         response_text: the last policy turn, decoded with special tokens skipped.
+        error: what failed, when finish_reason is "error".
     """
 
     prompt_index: int
@@ -55,6 +61,7 @@ class Trajectory:
     finish_reason: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     response_text: str = ""
+    error: str = ""
 
     @property
     def context_length(self) -> int:
@@ -63,6 +70,24 @@ class Trajectory:
     def context(self) -> list[int]:
         """What the next turn is sampled after: the prompt and every response token so far."""
         return self.prompt_ids + self.response_ids
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """How the environments are called.
+
+    Attributes:
+        max_workers: threads that run their calls side by side (`environment.max_env_workers`).
+        step_timeout_s: seconds one call may take (`environment.step_timeout_s`); None: no limit.
+        on_error: `data.reward_on_error`: `fail` ends the run at a failed call; `zero` ends that episode with
+            reward 0, and only a batch whose every episode failed ends the run.
+        reference: `environment.env_class` as configured, for messages.
+    """
+
+    max_workers: int = 1
+    step_timeout_s: float | None = None
+    on_error: str = "fail"
+    reference: str = ""
 
 
 def run_episodes(
@@ -74,6 +99,7 @@ def run_episodes(
     params: SamplingParams,
     max_turns: int,
     max_context_tokens: int,
+    settings: EnvSettings = EnvSettings(),
 ) -> list[Trajectory]:
     """Play `params.n` episodes per record, one fresh environment each; trajectories come back prompt-major.
 
@@ -81,12 +107,14 @@ def run_episodes(
     Every turn's max_new_tokens is capped so that no context exceeds `max_context_tokens`. One call serves every
     active episode, so the cap is the smallest room left among them, and a turn it cuts short ends its episode
     ("context") even when that episode had more room. When `params.seed` is set, turn t (from 0) samples with
-    seed `params.seed + t`.
+    seed `params.seed + t`. A failed environment call raises `EpisodeError` or ends its episode, as
+    `settings.on_error` says.
     """
     check_arguments(records, prompt_ids, max_turns, max_context_tokens)
     n = params.n
     episodes = [Trajectory(p, s, list(prompt_ids[p])) for p in range(len(records)) for s in range(n)]
-    environments = [start_environment(make_env, records[episode.prompt_index]) for episode in episodes]
+    calls = EnvironmentCalls(make_env, records, episodes, settings)
+    environments = calls.start()
     active = list(range(len(episodes)))
     turn = 0
     while active:
@@ -95,15 +123,16 @@ def run_episodes(
         rollouts = generate(contexts, turn_params) if turn else generate(list(map(list, prompt_ids)), turn_params)
         if len(rollouts) != len(contexts):
             raise RuntimeError(f"the engine returned {len(rollouts)} rollouts for {len(contexts)} episodes")
-        still_active = []
-        for rollout in rollouts:
-            # First turn: prompt-major samples map to episodes by (prompt, sample); later: one per active episode.
-            index = rollout.prompt_index * n + rollout.sample_index if turn == 0 else active[rollout.prompt_index]
-            if take_turn(episodes[index], environments[index], rollout, tokenizer, params.max_new_tokens, max_turns,
-                         max_context_tokens):
-                still_active.append(index)
-        active = sorted(still_active)
+        # First turn: prompt-major samples map to episodes by (prompt, sample); later: one per active episode.
+        played = {(r.prompt_index * n + r.sample_index if turn == 0 else active[r.prompt_index]): r for r in rollouts}
+        actions = {index: append_turn(episodes[index], rollout, tokenizer) for index, rollout in played.items()}
+        results = calls.step({i: (environments[i], action) for i, action in actions.items()
+                              if environments[i] is not None})
+        active = [index for index in sorted(played)
+                  if index in results and answer_turn(episodes[index], results[index], played[index], tokenizer,
+                                                      params.max_new_tokens, max_turns, max_context_tokens)]
         turn += 1
+    calls.report()
     return episodes
 
 
@@ -114,16 +143,89 @@ def check_arguments(
         raise ValueError(f"run_episodes got {len(records)} records but {len(prompt_ids)} encoded prompts")
     if not isinstance(max_turns, int) or max_turns < 1:
         raise ValueError(f"max_turns must be an integer >= 1, got {max_turns!r}")
-    for index, ids in enumerate(prompt_ids):
+    for record, ids in zip(records, prompt_ids, strict=True):
         if len(ids) >= max_context_tokens:
-            raise ValueError(f"prompt {index} has {len(ids)} tokens, leaving no room for a response under "
-                             f"max_context_tokens={max_context_tokens}; raise the limit or shorten the prompt")
+            raise EpisodeError(no_room_message(describe_row(record), len(ids), max_context_tokens))
 
 
-def start_environment(make_env: Callable[[], Environment], record: PromptRecord) -> Environment:
-    environment = make_env()
-    environment.start(record)
-    return environment
+def no_room_message(where: str, length: int, max_context_tokens: int) -> str:
+    return (f"the prompt of {where} has {length} tokens, leaving no room for a response within an episode's "
+            f"{max_context_tokens} tokens of context; raise generator.max_input_length (at most the model's "
+            "max_position_embeddings), lower generator.max_prompt_length (prompts are cut to it from the left) or "
+            "shorten the prompt")
+
+
+def environment_class_name(make_env: Callable[[], Environment]) -> str:
+    """The class `make_env` builds (a class, or a functools.partial of one), as messages name it."""
+    target = make_env.func if isinstance(make_env, functools.partial) else make_env
+    return getattr(target, "__qualname__", type(target).__name__)
+
+
+class EnvironmentCalls:
+    """The environments of one `run_episodes`: built, started and stepped on a `CallPool`, each failure raised as
+    an `EpisodeError` or recorded on its episode (`settings.on_error`)."""
+
+    def __init__(self, make_env, records: Sequence[PromptRecord], episodes: list[Trajectory], settings: EnvSettings):
+        self.make_env, self.records, self.episodes, self.settings = make_env, records, episodes, settings
+        self.pool = CallPool(settings.max_workers, settings.step_timeout_s)
+        self.class_name = environment_class_name(make_env)
+
+    def start(self) -> list[Environment | None]:
+        """One environment per episode, started on its record; None where building or starting it failed."""
+        everyone = range(len(self.episodes))
+        built = self.run("__init__", {i: self.make_env for i in everyone})
+        started = self.run("start", {i: functools.partial(built[i].start, self.record(i)) for i in built})
+        return [built[i] if i in started else None for i in everyone]
+
+    def step(self, moves: dict[int, tuple[Environment, str]]) -> dict[int, StepResult]:
+        """Each environment's checked answer to its action; episodes whose step failed are left out."""
+        return self.run("step", {i: functools.partial(_checked_step, env, action)
+                                 for i, (env, action) in moves.items()})
+
+    def run(self, call: str, functions: dict[int, Callable[[], Any]]) -> dict[int, Any]:
+        """The values of the calls that succeeded, by episode; each failure raised or recorded."""
+        indices = list(functions)
+        outcomes = self.pool.run([functions[i] for i in indices], stop_on_failure=self.settings.on_error == "fail")
+        values = {}
+        for index, outcome in zip(indices, outcomes, strict=True):
+            if outcome is None:
+                continue  # not finished when an earlier failure stopped the batch
+            if outcome.failed:
+                self.fail(index, call, outcome)
+            else:
+                values[index] = outcome.value
+        return values
+
+    def fail(self, index: int, call: str, outcome: Outcome) -> None:
+        problem, fix = describe_failure(outcome, call, self.settings.step_timeout_s)
+        episode = self.episodes[index]
+        position = f"turn {episode.turns}" if call == "step" else "before the first turn"
+        line = (f"environment.env_class={self.settings.reference or self.class_name}: {self.class_name}.{call} on "
+                f"{describe_row(self.record(index))} (sample {episode.sample_index}, {position}) {problem}")
+        if outcome.fatal:
+            raise EpisodeError(line)
+        if self.settings.on_error == "fail":
+            raise EpisodeError(f"{line}; {fix} (or set data.reward_on_error=zero to score such episodes 0 and go on)")
+        episode.error, episode.reward, episode.metrics = line, 0.0, {}
+        finish(episode, "error")
+
+    def record(self, index: int) -> PromptRecord:
+        return self.records[self.episodes[index].prompt_index]
+
+    def report(self) -> None:
+        """With data.reward_on_error=zero: a warning for the first few failed episodes; a batch of nothing but
+        failures ends the run (there is nothing to learn from)."""
+        failed = [episode.error for episode in self.episodes if episode.error]
+        if failed and len(failed) == len(self.episodes):
+            raise EpisodeError(f"all {len(failed)} episodes of this batch failed, the first: {failed[0]}; "
+                               "data.reward_on_error=zero scores a failed episode 0, but a batch with no working "
+                               "episode has nothing to train on: fix the environment")
+        for line in failed[:SHOWN_ERRORS]:
+            print(f"warning: {line}; scored 0 (data.reward_on_error=zero)", flush=True)
+
+
+def _checked_step(environment: Environment, action: str) -> StepResult:
+    return checked_result(environment.step(action))
 
 
 def params_for_turn(
@@ -140,17 +242,8 @@ def params_for_turn(
     return dataclasses.replace(params, **changes)
 
 
-def take_turn(
-    episode: Trajectory,
-    environment: Environment,
-    rollout: Rollout,
-    tokenizer: Any,
-    max_new_tokens: int,
-    max_turns: int,
-    max_context_tokens: int,
-) -> bool:
-    """Append the policy's turn, step the environment on it, and append its observation unless the episode ends
-    here; returns whether the episode goes on."""
+def append_turn(episode: Trajectory, rollout: Rollout, tokenizer: Any) -> str:
+    """Append the policy's turn to its episode; returns the turn's text (the environment's action)."""
     if len(rollout.rollout_logprobs) != len(rollout.response_ids):
         raise RuntimeError(f"the engine returned {len(rollout.rollout_logprobs)} logprobs for "
                            f"{len(rollout.response_ids)} response tokens")
@@ -159,10 +252,25 @@ def take_turn(
     episode.rollout_logprobs.extend(float(logprob) for logprob in rollout.rollout_logprobs)
     episode.turns += 1
     text = tokenizer.decode(rollout.response_ids, skip_special_tokens=True)
-    result = checked(environment.step(text), environment)
-    episode.reward += float(result.reward)
-    episode.metrics = dict(result.metrics)
     episode.response_text = text
+    if episode.error:  # its environment never started: the episode ends with this turn
+        finish(episode, "error")
+    return text
+
+
+def answer_turn(
+    episode: Trajectory,
+    result: StepResult,
+    rollout: Rollout,
+    tokenizer: Any,
+    max_new_tokens: int,
+    max_turns: int,
+    max_context_tokens: int,
+) -> bool:
+    """Take the environment's answer to the turn just appended, and append its observation unless the episode ends
+    here; returns whether the episode goes on."""
+    episode.reward += float(result.reward)
+    episode.metrics = {name: float(value) for name, value in result.metrics.items()}
     if result.done:
         return finish(episode, "stop")
     if rollout.finish_reason == "length":
@@ -182,10 +290,3 @@ def take_turn(
 def finish(episode: Trajectory, reason: str) -> bool:
     episode.finish_reason = reason
     return False
-
-
-def checked(result: Any, environment: Environment) -> StepResult:
-    """User environments are loaded from config, so a wrong return type is reported by class name."""
-    if not isinstance(result, StepResult):
-        raise TypeError(f"{type(environment).__name__}.step returned {type(result).__name__}, not a StepResult")
-    return result

@@ -1,15 +1,24 @@
 """Where every actor of a run sits, decided once from the config and the cluster.
 
-- The policy's workers: one Ray placement group with a bundle per node (`policy_num_gpus_per_node` devices each;
-  STRICT_SPREAD over `policy_num_nodes` nodes, so each node's ranks share a host), rank r in bundle
-  r // policy_num_gpus_per_node. The reference model runs on the same workers.
+- The policy's workers: on CPU one Ray placement group with a bundle per node (`policy_num_gpus_per_node` slots
+  each; STRICT_SPREAD over `policy_num_nodes` nodes, so each node's ranks share a host), rank r in bundle
+  r // policy_num_gpus_per_node. On GPUs one bundle per GPU (vLLM's Ray executor takes bundles of at most one GPU
+  for an engine's tensor-parallel workers), on one node (STRICT_PACK) or packed over several; the bundles are put in
+  rank order grouped by node (`bundle_order`) and rank r takes the r-th. The reference model runs on the same
+  workers.
 - The generation engines: with `colocate_all=true` they share the workers' devices (the HF engine in the driver,
   vLLM engines sleeping while the workers train); with `colocate_all=false` they get a placement group of their own,
   one bundle of `inference_engine_tensor_parallel_size` devices per engine.
+- Device slots: slot s is training rank s's device. Colocated engine i's TP worker k takes slot i * TP + k
+  (`engine_slots`), so no two engine workers share a device, and each shares one with a training rank (which feeds
+  it its weights, `rl.trainer.engine_feeds`). On GPUs an engine of TP 1 holds a share of its slot's GPU; an engine of
+  TP > 1 holds nothing itself and hands vLLM its slots' bundle indices (`VLLM_RAY_BUNDLE_INDICES`), where vLLM's Ray
+  executor starts one worker per bundle with a share of that GPU. Every colocated engine actor is told its first
+  slot (`shared_weights.SLOT_ENV`), which a CPU run that emulates devices uses as its device's identity.
 - Actors beside the workers on GPUs (colocated engines, reward models) sit in the workers' placement group, which
-  holds every GPU it reserved: a worker asks `WORKER_GPU_SHARE` of a GPU, an engine `ENGINE_GPU_SHARE` and a reward
-  model `GUEST_GPU_SHARE`. Ray never fills a GPU past 1, so two workers or two engines never share one, while an
-  engine and a few reward models fit beside each worker.
+  holds every GPU it reserved: a worker asks `WORKER_GPU_SHARE` of a GPU, an engine worker `ENGINE_GPU_SHARE` and a
+  reward model `GUEST_GPU_SHARE`. Ray never fills a GPU past 1, so two workers or two engine workers never share one,
+  while an engine worker and a few reward models fit beside each worker.
 
 On a machine without GPUs a device is a logical CPU slot of Ray, and with engines of their own the planner also
 splits the machine's cores: one for each engine, the rest shared by the workers (`rl.backends.cores` pins each actor).
@@ -19,11 +28,13 @@ splits the machine's cores: one for each engine, the rest shared by the workers 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rl.backends.cores import ENV as CORES_ENV
 from rl.backends.cores import encode
+from rl.core.generation.shared_weights import SLOT_ENV
 
 ENGINE_GPU_SHARE = 0.01
 GUEST_GPU_SHARE = 0.001
@@ -55,6 +66,22 @@ class Plan:
     def slots(self) -> int:
         """Devices the plan needs (logical CPU slots on a CPU machine)."""
         return self.workers + self.ref_workers + self.engines * self.engine_devices
+
+
+def engine_slots(index: int, tensor_parallel: int) -> list[int]:
+    """The device slots of colocated engine `index`'s workers, in TP-rank order: engine i's worker k on slot
+    i * tensor_parallel + k, the device of training rank i * tensor_parallel + k. Distinct for every (engine, worker)
+    while engines * tensor_parallel <= the workers (`check_engine_devices`)."""
+    return list(range(index * tensor_parallel, (index + 1) * tensor_parallel))
+
+
+def bundle_order(bundle_nodes: Sequence[str]) -> list[int]:
+    """The workers' one-GPU bundles in slot order, given the node each bundle sits on: grouped by node (nodes in the
+    order they first appear), so a node's ranks are consecutive; slot s is bundle `bundle_order(...)[s]`."""
+    first: dict[str, int] = {}
+    for node in bundle_nodes:
+        first.setdefault(node, len(first))
+    return sorted(range(len(bundle_nodes)), key=lambda bundle: (first[bundle_nodes[bundle]], bundle))
 
 
 def needs_reference(cfg) -> bool:
@@ -89,14 +116,9 @@ def fit_problems(cfg, gpus: int, cores: int, remote: bool) -> list[str]:
         return []
     if cfg.generator.weight_sync_backend == "nccl" and not gpus:
         return ["generator.weight_sync_backend: nccl needs GPUs and this machine has none; use gloo (or null)"]
-    if gpus and plan.colocated_engines and plan.engine_devices > 1:
-        return [f"generator.inference_engine_tensor_parallel_size: {plan.engine_devices} for engines sharing the "
-                "training workers' GPUs (trainer.placement.colocate_all=true) is not supported: Ray gives an actor "
-                "asking a share of a GPU one GPU; set it to 1, or set trainer.placement.colocate_all=false to give "
-                "each engine GPUs of its own"]
     if cfg.generator.weight_sync_backend == "ipc" and gpus and plan.engines:
-        return ["generator.weight_sync_backend: ipc shares buffers on training rank 0's GPU, and these engines have "
-                "GPUs of their own (trainer.placement.colocate_all=false); use nccl (or null)"]
+        return ["generator.weight_sync_backend: ipc shares buffers on the training workers' GPUs, and these engines "
+                "have GPUs of their own (trainer.placement.colocate_all=false); use nccl (or null)"]
     if plan.nodes > 1:
         return [f"trainer.placement.policy_num_nodes: {plan.nodes} nodes need a Ray cluster of that many nodes, and "
                 "this run would start a one-node Ray of its own; start the cluster (examples/multinode) and pass "
@@ -138,35 +160,61 @@ class Placement:
                 raise RuntimeError(f"the cluster cannot hold placement bundles {group.bundle_specs} "
                                    f"({ray.available_resources()} available); lower trainer.placement.* or "
                                    "generator.num_inference_engines, or add nodes")
+        # slot s -> bundle: on GPUs a bundle per device, in rank order by node; on CPU a bundle per node
+        self.worker_bundles = self._slot_bundles(self.workers, plan.workers, plan.per_node)
+        self.ref_bundles = (self._slot_bundles(self.ref_workers, plan.ref_workers, plan.ref_per_node)
+                            if self.ref_workers is not None else [])
 
     def _worker_group(self, nodes: int, per_node: int):
         from ray.util.placement_group import placement_group
 
-        bundle = {"GPU": per_node, "CPU": per_node} if self.plan.gpu else {"CPU": per_node}
-        return placement_group([dict(bundle) for _ in range(nodes)], strategy="STRICT_SPREAD" if nodes > 1 else "PACK")
+        if not self.plan.gpu:
+            bundles = [{"CPU": per_node} for _ in range(nodes)]
+            return placement_group(bundles, strategy="STRICT_SPREAD" if nodes > 1 else "PACK")
+        bundles = [{"GPU": 1, "CPU": 1} for _ in range(nodes * per_node)]
+        return placement_group(bundles, strategy="PACK" if nodes > 1 else "STRICT_PACK")
+
+    def _slot_bundles(self, group, slots: int, per_node: int) -> list[int]:
+        if not self.plan.gpu:
+            return [slot // per_node for slot in range(slots)]
+        from ray.util.placement_group import placement_group_table
+
+        nodes = placement_group_table(group)["bundles_to_node_id"]
+        return bundle_order([nodes[bundle] for bundle in range(slots)])
 
     def worker_options(self, rank: int) -> dict[str, Any]:
         share = WORKER_GPU_SHARE if self.plan.gpu else 1
-        return self._options(self.workers, rank // self.plan.per_node, share, self._worker_env())
+        return self._options(self.workers, self.worker_bundles[rank], share, self._worker_env())
+
+    def engine_bundles(self, index: int) -> list[int]:
+        """The workers' bundles that colocated engine `index`'s TP workers take, in TP-rank order (on CPU, the
+        bundle of each slot's worker)."""
+        return [self.worker_bundles[slot] for slot in engine_slots(index, self.plan.engine_devices)]
 
     def colocated_engine_options(self, index: int) -> dict[str, Any]:
-        """Engine `index` sharing the workers' devices: on GPUs a share of one in the bundle of the workers it
-        shares with; on CPU no resources of its own (it runs between the workers' phases)."""
-        bundle = index * self.plan.engine_devices // self.plan.per_node
-        return self._beside_workers(bundle, ENGINE_GPU_SHARE)
+        """Engine `index` sharing the workers' devices (`engine_slots`). On GPUs with TP 1 the actor holds a share
+        of its slot's GPU; with TP > 1 it holds nothing and vLLM's Ray executor starts one worker per slot's bundle
+        with that share (the bundle indices handed to vLLM). On CPU no resources of its own (it runs between the
+        workers' phases)."""
+        first = engine_slots(index, self.plan.engine_devices)[0]
+        env = {**self.env, SLOT_ENV: str(first)}
+        if not self.plan.gpu:
+            return {"num_cpus": 0, "num_gpus": 0, "runtime_env": {"env_vars": env}}
+        bundles = self.engine_bundles(index)
+        if len(bundles) == 1:
+            return self._options(self.workers, bundles[0], ENGINE_GPU_SHARE, env)
+        env.update(VLLM_RAY_BUNDLE_INDICES=",".join(map(str, bundles)), VLLM_RAY_PER_WORKER_GPUS=str(ENGINE_GPU_SHARE),
+                   VLLM_ENABLE_V1_MULTIPROCESSING="0")  # the engine core in the actor, in the workers' group
+        return self._options(self.workers, bundles[0], 0, env)
 
     def guest_options(self) -> dict[str, Any]:
-        """A reward-model actor: on GPUs a small share of one in the workers' first bundle; on CPU no resources of
-        its own."""
-        return self._beside_workers(0, GUEST_GPU_SHARE)
-
-    def _beside_workers(self, bundle: int, gpu_share: float) -> dict[str, Any]:
+        """A reward-model actor: on GPUs a small share of rank 0's GPU; on CPU no resources of its own."""
         if not self.plan.gpu:
             return {"num_cpus": 0, "num_gpus": 0, "runtime_env": {"env_vars": dict(self.env)}}
-        return self._options(self.workers, bundle, gpu_share, dict(self.env))
+        return self._options(self.workers, self.worker_bundles[0], GUEST_GPU_SHARE, dict(self.env))
 
     def ref_worker_options(self, rank: int) -> dict[str, Any]:
-        return self._options(self.ref_workers, rank // self.plan.ref_per_node, 1, self._worker_env())
+        return self._options(self.ref_workers, self.ref_bundles[rank], 1, self._worker_env())
 
     def _worker_env(self) -> dict[str, str]:
         env = dict(self.env)
@@ -200,6 +248,12 @@ class Placement:
             where += f"; {plan.engines} engine(s) on their own {plan.engine_devices} device(s) each"
         if plan.engine_cores:
             where += f" (CPU cores: engines {list(plan.engine_cores)}, workers {list(plan.worker_cores)})"
+        if plan.colocated_engines:
+            slots = [engine_slots(i, plan.engine_devices) for i in range(plan.colocated_engines)]
+            where += f"; {plan.colocated_engines} engine(s) beside them, TP {plan.engine_devices}, on the devices of " \
+                     f"ranks {slots}"
+            if plan.gpu:
+                where += f" (bundles {[self.engine_bundles(i) for i in range(plan.colocated_engines)]})"
         return where
 
 

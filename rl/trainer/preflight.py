@@ -1,11 +1,13 @@
 """What must hold on this machine before a run spends anything (Ray, a model load, the embedded warm-up): the prompt
 files read and hold the configured keys and enough prompts, the model path exists when it is local, the reward is
-registered, checkpoints and exports can be written where the config says, a checkpoint to resume is complete, intact
-and of this strategy, the kernels `trainer.kernels` names can run here, and the placement fits this machine. Every
-problem is reported at once as a ConfigError naming the key."""
+registered, a multi-turn environment builds and every prompt leaves room in its episodes, checkpoints and exports
+can be written where the config says, a checkpoint to resume is complete, intact and of this strategy, the kernels
+`trainer.kernels` names can run here, the placement fits this machine, and the memory planner predicts the layout
+fits its GPUs (`rl.trainer.memory_plan`). Every problem is reported at once as a ConfigError naming the key."""
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -13,10 +15,14 @@ import torch
 from rl.core.config import ConfigError
 from rl.core.config.choices import MODEL_REWARDS
 from rl.core.data import DataError, load_prompt_dataset
-from rl.trainer.sources import EMBEDDED
+from rl.trainer.agents import agent_problems
+from rl.trainer.companion_models import companion_model_problems
+from rl.trainer.memory_plan import memory_problems
+from rl.trainer.sources import EMBEDDED, EMBEDDED_TEACHER
 
 
-def _data_problems(cfg) -> list[str]:
+def _data_problems(cfg, loaded: dict) -> list[str]:
+    """The prompt files load; each loaded dataset is kept in `loaded` by its key for the checks after."""
     found = []
     keys = {"prompt_key": cfg.data.prompt_key, "answer_key": cfg.data.answer_key}
     for key, paths in (("data.train_data", cfg.data.train_data), ("data.val_data", cfg.data.val_data or [])):
@@ -28,6 +34,7 @@ def _data_problems(cfg) -> list[str]:
         except DataError as error:
             found.append(f"{key}: {error}")
             continue
+        loaded[key] = dataset
         if key == "data.train_data" and len(dataset) < cfg.trainer.train_batch_size:
             found.append(f"trainer.train_batch_size: {cfg.trainer.train_batch_size} prompts per step, but "
                          f"data.train_data holds {len(dataset)}; lower trainer.train_batch_size or add prompts")
@@ -83,8 +90,12 @@ def _model_path_problems(key: str, path: str) -> list[str]:
 
 
 def _model_problems(cfg) -> list[str]:
-    path = cfg.trainer.policy.model.path
-    return [] if path == EMBEDDED else _model_path_problems("trainer.policy.model.path", path)
+    """The policy's model, and a reference or critic model that names its own."""
+    paths = {"trainer.policy.model.path": cfg.trainer.policy.model.path,
+             "trainer.ref.model.path": cfg.trainer.ref.model.path,
+             "trainer.critic.model.path": cfg.trainer.critic.model.path}
+    return [problem for key, path in paths.items() if path and path not in (EMBEDDED, EMBEDDED_TEACHER)
+            for problem in _model_path_problems(key, path)]
 
 
 def _reward_model_problems(cfg) -> list[str]:
@@ -154,22 +165,80 @@ def _reward_problems(cfg) -> list[str]:
 
 
 def _environment_problems(cfg) -> list[str]:
-    """`environment.env_class` is a registered environment or user code that imports and subclasses Environment."""
+    """`environment.env_class` is a registered environment or user code that imports and subclasses Environment,
+    and one instance builds with environment.env_options within environment.step_timeout_s (its `start` and `step`
+    are the episodes' to call: their failures are named with the row and the turn)."""
     env = cfg.environment
     if env.env_class is None:
         return []
     from rl.core.environments import make_environment_factory
     from rl.tasks import environments  # noqa: F401
+    from rl.trainer.env_calls import CallPool, describe_failure
+    from rl.trainer.multi_turn import environment_class_name
 
     try:
         make_env = make_environment_factory(env.env_class, "environment.env_class", env.env_options)
     except ValueError as error:
         return [str(error)]
     try:
-        make_env()  # one instance: options it does not take are named now, not at the first step
+        inspect.signature(getattr(make_env, "func", make_env)).bind(**env.env_options)
     except TypeError as error:
-        return [f"environment.env_options: {env.env_class} does not take {dict(env.env_options)}: {error}"]
-    return []
+        if env.env_options:
+            return [f"environment.env_options: {env.env_class} does not take {dict(env.env_options)}: {error}"]
+        return [f"environment.env_options: {env.env_class} cannot be built without options: {error}; give them in "
+                "environment.env_options"]
+    except ValueError:
+        pass  # no signature to read: building it tells
+    [built] = CallPool(1, env.step_timeout_s).run([make_env])
+    if not built.failed:
+        return []
+    problem, fix = describe_failure(built, "__init__", env.step_timeout_s)
+    return [f"environment.env_class: {env.env_class}: {environment_class_name(make_env)}.__init__ (with "
+            f"environment.env_options {dict(env.env_options)}) {problem}; {fix}".rstrip("; ")]
+
+
+def _model_at_hand(path: str) -> bool:
+    """A local model directory, or a hub name in the local cache (not the embedded model, built at the start)."""
+    if path == EMBEDDED:
+        return False
+    if _looks_local(path):
+        return os.path.isfile(os.path.join(os.path.expanduser(path), "config.json"))
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(path, "config.json"), str)
+
+
+def _prompt_room_problems(cfg, loaded: dict) -> list[str]:
+    """Multi-turn: every prompt, encoded as the trainer encodes it, leaves room for a response within an episode's
+    context limit (`episodes.context_limit`). Needs the model's tokenizer, so a model built at the start (the
+    embedded one) or one that cannot be had here is left to the check at the first step."""
+    path = cfg.trainer.policy.model.path
+    if cfg.environment.env_class is None or not loaded or not _model_at_hand(path):
+        return []
+    from rl.trainer.components import encode_prompt
+    from rl.trainer.episodes import context_limit
+    from rl.trainer.multi_turn import no_room_message
+    from rl.trainer.rewarding import describe_row
+
+    try:
+        from transformers import AutoTokenizer
+
+        path = os.path.expanduser(path) if _looks_local(path) else path
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        limit = context_limit(cfg, path)
+    except Exception:  # whatever keeps the tokenizer from loading here is reported where the trainer loads it
+        return []
+    gen = cfg.generator
+    key = "generator.max_input_length" if gen.max_input_length else "generator.max_prompt_length"
+    found = []
+    for data_key, dataset in loaded.items():
+        lengths = [(len(encode_prompt(tokenizer, record, gen.max_prompt_length)), record) for record in dataset]
+        long = [(length, record) for length, record in lengths if length >= limit]
+        if long:
+            length, record = long[0]
+            found.append(f"{key}: {no_room_message(describe_row(record), length, limit)} ({len(long)} of the "
+                         f"{len(lengths)} prompts of {data_key} leave no room)")
+    return found
 
 
 def _writable_problems(cfg) -> list[str]:
@@ -207,9 +276,11 @@ def _placement_problems(cfg, ray_address: str | None) -> list[str]:
 
 def preflight(cfg, ray_address: str | None = None) -> None:
     """Raises ConfigError listing every problem found (see the module docstring)."""
-    problems = [*_data_problems(cfg), *_model_problems(cfg), *_reward_problems(cfg), *_reward_model_problems(cfg),
-                *_environment_problems(cfg),
+    loaded: dict = {}
+    problems = [*_data_problems(cfg, loaded), *_model_problems(cfg), *_reward_problems(cfg),
+                *_reward_model_problems(cfg), *_environment_problems(cfg),
+                *_prompt_room_problems(cfg, loaded), *agent_problems(cfg),
                 *_resume_problems(cfg), *_writable_problems(cfg), *_kernel_problems(cfg, ray_address),
-                *_placement_problems(cfg, ray_address)]
+                *_placement_problems(cfg, ray_address), *companion_model_problems(cfg), *memory_problems(cfg)]
     if problems:
         raise ConfigError(problems)

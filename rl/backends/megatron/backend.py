@@ -39,6 +39,7 @@ from rl.backends.precision import bf16_compute
 from rl.backends.ulysses import gradient_scale
 from rl.backends.weight_sync import Bucket, rank0_buckets
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
+from rl.core.algorithms.sft_loss import SupervisedLossSettings
 from rl.core.algorithms.value_loss import ValueLossSettings, compute_value_loss
 from rl.core.packing import PackedBatch
 
@@ -252,7 +253,9 @@ class MegatronBackend(TrainingBackend):
 
         def loss_func(i, output):
             batch = batches[i]
-            if self.is_critic:
+            if isinstance(settings, SupervisedLossSettings):  # SFT / DPO (`sft_loss`, `dpo_loss`)
+                loss, metrics = settings.compute(self._token_logprobs(output, batch, False)[0], batch, normalizer)
+            elif self.is_critic:
                 loss, metrics = compute_value_loss(
                     settings, token_values(output, batch, self.cp), batch.old_values, batch.returns, batch.loss_mask,
                     normalizer, seq_ids=batch.token_seq_ids(), num_sequences=batch.num_sequences)

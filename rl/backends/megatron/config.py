@@ -176,6 +176,7 @@ class MegatronStrategy(StrategyConfig):
     ulysses_hint = (f", and use {BLOCK}.context_parallel_size to split long sequences (or {BLOCK}.sequence_parallel"
                     "=true with TP > 1 to shard activations)")
     lora = True
+    own_attention = "its own PyTorch SDPA over packed sequences (rl/backends/megatron/attention.py)"
 
     def check(self, cfg, problems: Problems) -> None:
         before = len(problems.lines)

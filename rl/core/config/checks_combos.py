@@ -199,8 +199,9 @@ def check_reward_shaping(cfg: Config, problems: Problems) -> None:
 def check_environment(cfg: Config, problems: Problems) -> None:
     """Turns need an environment to answer them; episodes are generated in the step that trains on them."""
     env, generator = cfg.environment, cfg.generator
+    check_agent(cfg, problems)
     if env.env_class is None:
-        if generator.max_turns > 1:
+        if generator.max_turns > 1 and env.agent_fn is None:
             problems.add("generator.max_turns", f"is {generator.max_turns}, but without environment.env_class "
                          "nothing answers the policy between turns; set an environment (e.g. arith_retry) or 1")
         if env.env_options:
@@ -210,6 +211,25 @@ def check_environment(cfg: Config, problems: Problems) -> None:
     if cfg.trainer.fully_async.enabled:
         problems.add("environment.env_class", "runs multi-turn episodes, which trainer.fully_async does not queue "
                      "yet; set trainer.fully_async.enabled=false")
+
+
+def check_agent(cfg: Config, problems: Problems) -> None:
+    """An agent plays its episodes through the endpoint, so each needs the other; it replaces the environment."""
+    env, generator = cfg.environment, cfg.generator
+    if env.agent_fn is None:
+        if generator.enable_http_endpoint:
+            problems.add("generator.enable_http_endpoint", "is true, but environment.agent_fn is null, so nothing "
+                         "would call the endpoint; set the agent (path/to/file.py:run) or set it to false")
+        return
+    if not generator.enable_http_endpoint:
+        problems.add("environment.agent_fn", "plays its episodes through the OpenAI-compatible endpoint; set "
+                     "generator.enable_http_endpoint=true")
+    if env.env_class is not None:
+        problems.add("environment.agent_fn", f"and environment.env_class ({env.env_class}) both play the episodes; "
+                     "set one of them to null")
+    if cfg.trainer.fully_async.enabled:
+        problems.add("environment.agent_fn", "plays episodes that trainer.fully_async does not queue yet; set "
+                     "trainer.fully_async.enabled=false")
 
 
 def check_reward_models(cfg: Config, problems: Problems) -> None:

@@ -29,9 +29,12 @@ def check_flash_attn(cfg: Config, problems: Problems) -> None:
     import importlib.util
 
     fix = "set trainer.flash_attn=null (flash-attention where it can run) or false (PyTorch SDPA)"
-    if trainer.strategy == "megatron":
-        problems.add("trainer.flash_attn", "is true, but megatron computes attention with its own PyTorch SDPA over "
-                     f"packed sequences (rl/backends/megatron/attention.py), not flash-attn; {fix}")
+    from rl.core.config.strategies import STRATEGIES
+
+    own = STRATEGIES.get(trainer.strategy).own_attention if trainer.strategy in STRATEGIES else ""
+    if own:
+        problems.add("trainer.flash_attn", f"is true, but trainer.strategy={trainer.strategy} computes attention "
+                     f"with {own}, not flash-attn; {fix}")
     elif importlib.util.find_spec("flash_attn") is None:
         problems.add("trainer.flash_attn", f"is true, but the flash-attn package is not installed here; install it "
                      f"(GPU machines) or {fix}")

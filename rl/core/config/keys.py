@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl.core.config import strategies
-from rl.core.config.errors import Problems, did_you_mean
+from rl.core.config.errors import Problems
 from rl.core.config.schema import Config
 
 
@@ -75,17 +75,42 @@ def _blocks_under(parent: str) -> list[str]:
 
 
 def unknown_key_message(key: str, parent: str, cls: type) -> str:
+    """Unknown `key` under section `parent`: a suggestion of the same meaning (rl.core.config.dialects.suggest),
+    and the valid keys there."""
+    from rl.core.config.dialects.suggest import suggestion
+
     where = f"under {parent}" if parent else "at the top level"
     valid = ", ".join([*fields_of(cls), *_blocks_under(parent)])
-    return f"unknown key{did_you_mean(key, all_keys())}; valid keys {where}: {valid}"
+    return f"unknown key{suggestion(key, all_keys())}; valid keys {where}: {valid}"
 
 
 def lookup(key: str, problems: Problems) -> Node | None:
     """The node a dotted key names, or None after adding a problem that says what is wrong with the key."""
+    node, failure = _walk(key)
+    if failure is None:
+        return node
+    kind, parent, segment, section = failure
+    if kind == "malformed":
+        problems.add(key, "malformed key (empty part between dots); write it like trainer.algorithm.kl_loss_coef")
+    elif kind == "leaf":
+        problems.add(
+            key, f"{parent} is a single value, not a section, so it has no key '{segment}'; set {parent} itself"
+        )
+    else:
+        problems.add(key, unknown_key_message(key, parent, section))
+    return None
+
+
+def known(key: str) -> bool:
+    """Whether `key` names a key of the schema (or one inside a free-form mapping), without building a message."""
+    return _walk(key)[1] is None
+
+
+def _walk(key: str) -> tuple[Node | None, tuple[str, str, str, Any] | None]:
+    """(the node `key` names, None), or (None, (what is wrong, the parent key, the segment, the parent's type))."""
     segments = key.split(".")
     if not all(segments):
-        problems.add(key, "malformed key (empty part between dots); write it like trainer.algorithm.kl_loss_coef")
-        return None
+        return None, ("malformed", "", "", None)
     node, start = ROOT, 0
     found = strategies.block_at(key)
     if found is not None:  # a strategy's block: its own dataclass from there on
@@ -93,18 +118,14 @@ def lookup(key: str, problems: Problems) -> Node | None:
     for depth, segment in enumerate(segments[start:], start):
         parent = ".".join(segments[:depth])
         if node.kind is Kind.FREE:
-            return ANY
+            return ANY, None
         if node.kind is Kind.LEAF:
-            problems.add(
-                key, f"{parent} is a single value, not a section, so it has no key '{segment}'; set {parent} itself"
-            )
-            return None
+            return None, ("leaf", parent, segment, None)
         fields = fields_of(node.type)
         if segment not in fields:
-            problems.add(key, unknown_key_message(key, parent, node.type))
-            return None
+            return None, ("unknown", parent, segment, node.type)
         node = node_of(fields[segment])
-    return node
+    return node, None
 
 
 def accepts_str(tp: Any) -> bool:

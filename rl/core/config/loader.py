@@ -6,22 +6,21 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-
-import yaml
 
 from rl.core.config import strategies
 from rl.core.config.convert import build, to_dict
 from rl.core.config.defaults import default_tree, embedded_job_tree
-from rl.core.config.errors import ConfigError, Problems
+from rl.core.config.dialects import DIALECTS, Item, Report, translate
+from rl.core.config.dialects.nemo_files import read_config_file
+from rl.core.config.errors import Problems
 from rl.core.config.keys import lookup
-from rl.core.config.merge import merge_free, set_key
-from rl.core.config.nemo_compat import split_file, translate
+from rl.core.config.merge import flatten, merge_free, set_key
 from rl.core.config.overrides import parse_value, split_override
 from rl.core.config.schema import Config
 from rl.core.config.validate import collect_problems
-from rl.core.config.yaml_io import dump_yaml, read_yaml, write_atomic
+from rl.core.config.yaml_io import dump_yaml, write_atomic
 
 PATH_KEYS = (
     "data.train_data",
@@ -36,32 +35,59 @@ EMBEDDED = "embedded"
 logger = logging.getLogger("rl.core.config")
 
 
-def load_config(overrides: Sequence[str] = (), config_file: str | None = None, strategy: str | None = None) -> Config:
+def load_config(
+    overrides: Sequence[str] = (),
+    config_file: str | None = None,
+    strategy: str | None = None,
+    auto: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> Config:
     """The validated config of a run.
 
     Layers, each over the one before: rl/core/config/defaults.yaml; `config_file` (a YAML mapping with the same
-    nested keys, NeMo RL keys accepted); `overrides` (`key=value`, the value read as YAML, so lists are written
-    `"['a','b']"`); `strategy` (the `--strategy` flag, which wins over trainer.strategy). When the layers leave
-    `trainer.policy.model.path` at `embedded`, embedded_job.yaml (the embedded default job's learning rate, length
-    and sampling) goes between the defaults and the user's layers. Then `~` in paths is expanded and every check
-    runs; all problems are raised together as one ConfigError.
+    nested keys; NeMo RL's `defaults:` inheritance and `${...}` interpolation are read); `overrides` (`key=value`,
+    the value read as YAML, so lists are written `"['a','b']"`); `strategy` (the `--strategy` flag, which wins over
+    trainer.strategy). In the file and the overrides, SkyRL's and NeMo RL's keys are read as ours
+    (`rl.core.config.dialects`), in the place where they appear. When the layers leave `trainer.policy.model.path` at
+    `embedded`, embedded_job.yaml (the embedded default job's learning rate, length and sampling) goes between the
+    defaults and the user's layers. Then `~` in paths is expanded and every check runs; all problems are raised
+    together as one ConfigError. What the dialects did is logged (INFO, logger `rl.core.config`), one line each.
+    `trainer.strategy=auto` is resolved by `auto` (the launchers pass the memory planner's,
+    `rl.trainer.memory_plan.resolve_auto`): it returns the keys of the layout it chose, set before the checks.
     """
     strategies.require_strategies()
-    problems, tree = _layered(default_tree(), overrides, config_file, strategy)
+    problems, report, tree = _layered(default_tree(), overrides, config_file, strategy)
     if tree.get("trainer", {}).get("policy", {}).get("model", {}).get("path") == EMBEDDED:
-        problems, tree = _layered(embedded_job_tree(), overrides, config_file, strategy)
-    return _build_checked(tree, problems)
+        problems, report, tree = _layered(embedded_job_tree(), overrides, config_file, strategy)
+    if tree.get("trainer", {}).get("strategy") == strategies.AUTO:
+        _resolve_auto(tree, auto, problems, report)
+    elif isinstance(tree.get("trainer"), dict) and tree["trainer"].get("auto_choice") is not None:
+        tree["trainer"]["auto_choice"] = None  # a record of an earlier auto choice; this run names its strategy
+    return _build_checked(tree, problems, report)
+
+
+def _resolve_auto(tree: dict[str, Any], auto, problems: Problems, report: Report) -> None:
+    if auto is None:
+        problems.add(
+            "trainer.strategy",
+            "auto is resolved by the launchers (rl.launch.train, rl.launch.plan), which "
+            "ask the memory planner; name a strategy here",
+        )
+        set_key(tree, "trainer.strategy", "fsdp2", problems)
+        return
+    for key, value in auto(tree).items():
+        set_key(tree, key, value, problems)
+    report.lines.append(f"trainer.strategy=auto: {tree['trainer'].get('auto_choice')}")
 
 
 def _layered(tree: dict[str, Any], overrides: Sequence[str], config_file: str | None, strategy: str | None):
-    problems = Problems()
+    problems, report = Problems(), Report()
     if config_file is not None:
-        _apply_file(tree, config_file, problems)
-    _apply_overrides(tree, overrides, problems)
+        _apply_file(tree, config_file, problems, report)
+    _apply_overrides(tree, overrides, problems, report)
     if strategy is not None:
         set_key(tree, "trainer.strategy", strategy, problems)
     _expand_paths(tree)
-    return problems, tree
+    return problems, report, tree
 
 
 def config_from_dict(data: Mapping[str, Any], validate: bool = True) -> Config:
@@ -124,38 +150,30 @@ def save_config(cfg: Config, path: str) -> None:
     write_atomic(path, dump_yaml(config_to_dict(cfg)))
 
 
-def _apply_file(tree: dict[str, Any], path: str, problems: Problems) -> None:
-    try:
-        data = read_yaml(path)
-    except OSError as exc:
-        raise ConfigError([f"config file {path}: cannot be read ({exc.strerror}); check the path"]) from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError([f"config file {path}: is not UTF-8 text (byte {exc.start}); save it as UTF-8"]) from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"config file {path}: is not valid YAML ({exc}); fix the syntax"]) from exc
+def _apply_file(tree: dict[str, Any], path: str, problems: Problems, report: Report) -> None:
+    data = read_config_file(path)
     if data is None:
         return
     if not isinstance(data, Mapping):
         problems.add(f"config file {path}", "must hold a mapping of sections (trainer:, generator:, data:, ...)")
         return
-    native, nemo_items = split_file(data)
-    for name, value in native.items():
-        set_key(tree, str(name), value, problems)
-    for key, value in translate(nemo_items, problems):
-        set_key(tree, key, value, problems)
+    items = [Item(key, value, False) for key, value in flatten(data)]
+    for item in translate(items, tree, problems, report, DIALECTS):
+        set_key(tree, item.key, item.value, problems)
 
 
-def _apply_overrides(tree: dict[str, Any], overrides: Sequence[str], problems: Problems) -> None:
+def _apply_overrides(tree: dict[str, Any], overrides: Sequence[str], problems: Problems, report: Report) -> None:
     if isinstance(overrides, str):
         raise TypeError("load_config takes a list of key=value strings, not one string")
     split = [override for text in overrides if (override := split_override(text, problems)) is not None]
-    for key, raw in translate([(override.key, override.raw) for override in split], problems):
-        node = lookup(key, problems)
+    items = [Item(override.key, override.raw, True) for override in split]
+    for item in translate(items, tree, problems, report, DIALECTS):
+        node = lookup(item.key, problems)
         if node is None:
             continue
-        ok, value = parse_value(key, raw, node, problems)
+        ok, value = parse_value(item.key, item.value, node, problems) if item.raw else (True, item.value)
         if ok:
-            set_key(tree, key, value, problems)
+            set_key(tree, item.key, value, problems)
 
 
 def _expand_paths(tree: dict[str, Any]) -> None:
@@ -173,11 +191,17 @@ def _expand_paths(tree: dict[str, Any]) -> None:
             holder[last] = [os.path.expanduser(item) if isinstance(item, str) else item for item in value]
 
 
-def _build_checked(tree: dict[str, Any], problems: Problems) -> Config:
+def _build_checked(tree: dict[str, Any], problems: Problems, report: Report) -> Config:
     for warning in problems.warnings:
         logger.warning("%s", warning)
     cfg = _build(tree, problems)
     if cfg is not None:
         problems.lines.extend(collect_problems(cfg))
+        for key, check in report.later:
+            problem = check(cfg)
+            if problem:
+                problems.add(key, problem)
+    for line in report.messages():
+        logger.info("%s", line)
     problems.raise_if_any()
     return cfg

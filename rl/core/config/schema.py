@@ -237,6 +237,14 @@ class PlacementConfig:
     """Devices per node of the critic; null follows the policy, and a value must equal
     `policy_num_gpus_per_node`."""
 
+    gpu_memory_gb: float | None
+    """Memory of one GPU in GiB, for the memory planner (`bazel run //rl/launch:plan`, preflight's check,
+    `trainer.strategy=auto`); null reads it from this machine's first GPU (and, with none, leaves memory unjudged)."""
+
+    allow_predicted_oom: bool
+    """`true` runs a layout the planner predicts will not fit the GPUs; `false` (the default) refuses it before
+    anything starts, with the predicted numbers and a layout that fits."""
+
 
 @dataclass(kw_only=True)
 class FullyAsyncConfig:
@@ -260,7 +268,13 @@ class TrainerConfig:
     """The training loop, its batch sizes, and the policy, reference and placement blocks."""
 
     strategy: str
-    """Training backend: `fsdp`, `fsdp2`, `deepspeed` or `megatron`. The `--strategy` flag overrides it."""
+    """Training backend: `fsdp`, `fsdp2`, `deepspeed` or `megatron`, or `auto`: the memory planner picks the strategy
+    and its layout (the decision guide, then the cheapest layout predicted to fit; see `rl.core.planner.auto`). The
+    `--strategy` flag overrides it."""
+
+    auto_choice: str | None
+    """A record, not a setting: what `trainer.strategy=auto` chose and the rule that chose it, written by the
+    loader so the run's config.yaml keeps it; null when the strategy was named."""
 
     kernels: str
     """Kernel implementation: `auto` (fastest available on the device), `torch`, `triton` or `cuda`."""
@@ -468,6 +482,18 @@ class GeneratorConfig:
     """DAPO's overlong filtering (SkyRL's key): responses cut by max_generate_length (no stop token) leave the
     loss entirely; their rewards still count in their group's advantage baseline."""
 
+    enable_http_endpoint: bool
+    """Serve an OpenAI-compatible endpoint over the engines (SkyRL's key) for the agents of environment.agent_fn:
+    each episode gets a base URL of its own (`http://host:port/episodes/<id>/v1`) with `/chat/completions`,
+    `/completions` and `/models`, and every call's prompt ids, sampled ids, logprobs and policy version are recorded
+    as the episode's trajectories. Needs environment.agent_fn."""
+
+    http_endpoint_host: str
+    """Address the endpoint listens on (SkyRL's key); 127.0.0.1 keeps it on this machine."""
+
+    http_endpoint_port: int
+    """Port the endpoint listens on (SkyRL's key), 0 to 65535; 0 picks a free one (printed at the start)."""
+
 
 @dataclass(kw_only=True)
 class DataConfig:
@@ -532,6 +558,18 @@ class EnvironmentConfig:
     """Threads that run the environments' calls, >= 1 (SkyRL's `environment.skyrl_gym.max_env_workers`): the
     episodes of a turn are stepped side by side, each in its own environment instance; 1 steps them one after
     another. An environment that shares state between its instances must guard it, or use 1."""
+
+    agent_fn: str | None
+    """Agent code that plays each episode through the endpoint (generator.enable_http_endpoint=true): your own
+    `path/to/file.py:run` or `package.module:run`, an `async def run(base_url, row)` that talks to the policy with
+    any OpenAI client at `base_url` and returns the episode's reward (a number, or a dict with `reward` and further
+    numbers, logged as agent/<name>). `row` is the data row as a dict (`prompt`, `answer`, `data_source`, `index`
+    and its other columns). Its return value replaces data.reward_fn. Checked (import, async, signature) before
+    anything starts. null: no agent."""
+
+    agent_timeout_s: float | None
+    """Seconds one agent episode may take; past it the episode counts as failed (handled as data.reward_on_error
+    says). null: no limit."""
 
 
 @dataclass(kw_only=True)

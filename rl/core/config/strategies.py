@@ -44,6 +44,9 @@ class StrategyConfig:
     """Whether its backend runs Ulysses sequence parallelism (`trainer.policy.sequence_parallel_size` > 1)."""
     ulysses_hint: ClassVar[str] = ""
     """What to set instead of `trainer.policy.sequence_parallel_size` > 1 where it does not."""
+    own_attention: ClassVar[str] = ""
+    """Where its backend computes attention with kernels of its own instead of the Hugging Face model's
+    implementations (so `trainer.flash_attn=true` cannot apply); empty for Hugging Face attention."""
 
     def check(self, cfg: Config, problems: Problems) -> None:
         """Problems of this strategy's blocks and of options it does not implement, each naming its key."""
@@ -54,11 +57,13 @@ class StrategyConfig:
         return size, f"sequence_parallel_size {size}"
 
     def backend_options(self, cfg: Config, role: str) -> dict[str, Any]:
-        """The strategy's own settings for one model ("policy" or "ref"), as `ModelSpec.backend_options`."""
+        """The strategy's own settings for one model ("policy", "ref" or "critic"), as `ModelSpec.backend_options`."""
         return {}
 
 
 STRATEGIES: Registry[StrategyConfig] = Registry("trainer.strategy")
+AUTO = "auto"
+"""`trainer.strategy=auto`: the memory planner picks a registered strategy and its layout (rl.core.planner.auto)."""
 
 
 def register(strategy: StrategyConfig) -> StrategyConfig:

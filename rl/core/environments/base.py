@@ -23,9 +23,13 @@ class StepResult:
             token when it produced one). The environment writes any chat markers itself, e.g.
             `<|user|>feedback<|end|><|assistant|>` so that the next policy turn starts where the chat template
             would put an assistant reply. Ignored when `done`.
-        reward: this step's reward; an episode's reward is the sum of its step rewards.
-        done: True ends the episode.
-        metrics: numbers to log about the episode; the rollout loop keeps the last step's.
+        reward: this step's reward, a number (an int, float or numpy/torch scalar; text such as "1.0" is refused,
+            not converted); an episode's reward is the sum of its step rewards. A NaN or infinite one is handled
+            as trainer.non_finite says.
+        done: True ends the episode (a bool).
+        metrics: finite numbers by name to log about the episode; the rollout loop keeps the last step's.
+
+    Anything else `step` returns (a tuple, None, a wrong field type) fails the episode, as data.reward_on_error says.
     """
 
     observation: str
@@ -36,7 +40,11 @@ class StepResult:
 
 class Environment(abc.ABC):
     """One episode of a multi-turn task. Build a fresh instance per episode; `start` comes first, then `step`
-    once per policy turn until a result says `done` (or the rollout loop stops the episode for turns or length)."""
+    once per policy turn until a result says `done` (or the rollout loop stops the episode for turns or length).
+
+    The instances of a batch are built, started and stepped side by side on threads (environment.max_env_workers),
+    each call within environment.step_timeout_s; an exception from any of them fails that episode, named by the
+    class, the data row and the turn, and handled as data.reward_on_error says."""
 
     @abc.abstractmethod
     def start(self, record: PromptRecord) -> None:

@@ -115,10 +115,11 @@ class GenerationEngine(abc.ABC):
         """Copy tensors into the model by Hugging Face parameter name; names the model lacks are an error."""
 
     def device_keys(self) -> list[str]:
-        """Where the processes holding the engine's weights sit (`shared_weights.device_key`), one per process."""
-        from rl.core.generation.shared_weights import device_key
+        """Where the processes holding the engine's weights sit (`shared_weights.device_key`), one per process in
+        the engine's worker-rank order."""
+        from rl.core.generation.shared_weights import device_key, engine_worker_slot
 
-        return [device_key(self.device)]
+        return [device_key(self.device, engine_worker_slot(0))]
 
     def load_shared(self, handles: dict[str, Any], entries: list) -> None:
         """One bucket shared by handle (`shared_weights`), taken from the device this engine is on."""

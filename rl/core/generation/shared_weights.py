@@ -6,7 +6,14 @@ and vLLM's `collective_rpc`); a receiver maps the buffer (`open_shared`) and vie
 so the bytes are copied twice in all: into the buffer, and into the engine's weights.
 
 A handle opens only on the device it lives on, so handles are keyed by `device_key` (the GPU's UUID, or the host's
-boot id) and a receiver takes the one for its own device (`handle_for`).
+boot id) and a receiver takes the one for its own device (`handle_for`). Every training rank that shares a device
+with engine workers shares its own copy of each bucket there (`rl.trainer.engine_feeds` decides which rank feeds
+which worker), so an engine's call may carry handles on several devices.
+
+Emulated devices (`EMULATE_ENV=1`, for tests on a CPU machine): host memory then counts as one device per placement
+slot (`device_key(..., slot)`): a training rank's slot is its rank, an engine worker's the slot the placement gave
+its engine (`SLOT_ENV`) plus its rank within the engine (`engine_worker_slot`). Only the keys change; the bytes still
+go through /dev/shm.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+EMULATE_ENV = "RL_EMULATED_DEVICES"  # "1": on a CPU machine, each placement slot is a device of its own
+SLOT_ENV = "RL_DEVICE_SLOT"  # set on a colocated engine actor: the slot of its first worker (`placement.engine_slots`)
 ALIGN = 16  # each tensor starts at a multiple of this in the buffer, so it can be viewed in its dtype in place
 
 # (name, dtype without "torch.", shape, byte offset in the buffer); several names may share one offset (tied weights)
@@ -70,20 +79,31 @@ def unpack(flat: Tensor, entries: list[Entry]) -> list[tuple[str, Tensor]]:
     return bucket
 
 
-def device_key(device: torch.device | str) -> str:
+def device_key(device: torch.device | str, slot: int | None = None) -> str:
     """Names the memory a handle can be opened from: a GPU by its UUID (the same in every process, whatever
-    CUDA_VISIBLE_DEVICES numbers it), host memory by the machine's boot id."""
+    CUDA_VISIBLE_DEVICES numbers it), host memory by the machine's boot id, and with `EMULATE_ENV` set, the host's
+    device `slot` (a placement slot: see the module's note)."""
     device = torch.device(device)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         return f"cuda:{torch.cuda.get_device_properties(index).uuid}"
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f"host:{f.read().strip()}"
+            key = f"host:{f.read().strip()}"
     except OSError:
         import socket
 
-        return f"host:{socket.gethostname()}"
+        key = f"host:{socket.gethostname()}"
+    if slot is not None and os.environ.get(EMULATE_ENV) == "1":
+        key += f"/device{slot}"
+    return key
+
+
+def engine_worker_slot(worker_rank: int) -> int | None:
+    """The placement slot of this engine's worker `worker_rank` (its rank within the engine), or None outside a
+    colocated engine."""
+    first = os.environ.get(SLOT_ENV)
+    return None if first is None else int(first) + worker_rank
 
 
 class SharedBuffer:
@@ -120,17 +140,18 @@ class SharedBuffer:
 
 
 @contextlib.contextmanager
-def shared(bucket: list[tuple[str, Tensor]], device: torch.device | str
+def shared(bucket: list[tuple[str, Tensor]], device: torch.device | str, key: str | None = None
            ) -> Iterator[tuple[dict[str, Any], list[Entry], int]]:
-    """The bucket laid out in a `SharedBuffer` on `device`: yields (handles keyed by device, entries, buffer bytes)
-    for the receivers, and frees the buffer once the block ends (every receiver must be done with it by then). The
-    buffer holds the bytes from the start of the block: the caller may drop the bucket's tensors there."""
+    """The bucket laid out in a `SharedBuffer` on `device`: yields (handles keyed by device: `key`, by default
+    `device_key(device)`; entries; buffer bytes) for the receivers, and frees the buffer once the block ends (every
+    receiver must be done with it by then). The buffer holds the bytes from the start of the block: the caller may
+    drop the bucket's tensors there."""
     entries, size = layout(bucket)
     buffer = SharedBuffer(size, device)
     try:
         buffer.fill(bucket, entries)
         del bucket
-        yield {device_key(device): buffer.handle}, entries, size
+        yield {key or device_key(device): buffer.handle}, entries, size
     finally:
         buffer.close()
 
@@ -158,7 +179,7 @@ def handle_for(handles: dict[str, Any], key: str) -> Any:
     if key not in handles:
         raise RuntimeError(
             f"weights were shared on {sorted(handles)} and this engine worker is on {key}, where they cannot be "
-            "opened: generator.weight_sync_backend=ipc needs every engine worker on training rank 0's device; use "
+            "opened: generator.weight_sync_backend=ipc needs every engine worker on a training worker's device; use "
             "generator.weight_sync_backend=ray (or null to choose it)")
     return handles[key]
 

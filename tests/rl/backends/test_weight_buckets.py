@@ -2,8 +2,9 @@
 `full_state_dict` (the oracle): the same tensors under the same Hugging Face names, split into buckets of about the
 asked size, on rank 0 only, for every strategy on 2 gloo workers (each gathers one piece at a time: fsdp2 a
 parameter, fsdp a unit, DeepSpeed ZeRO-3 a group of parameters, megatron a decoder layer). Tied weights may come
-once, under the embedding's name. The same backends' training checkpoints read back in one process
-(`checkpoint_weights`) hold the same weights."""
+once, under the embedding's name. Where a strategy yields them on every rank (`device_buckets`: fsdp2, fsdp,
+deepspeed), each rank holds the same buckets as rank 0's `weight_buckets`, with the same values, on its own device.
+The same backends' training checkpoints read back in one process (`checkpoint_weights`) hold the same weights."""
 
 import os
 
@@ -32,6 +33,7 @@ def _worker(rank: int, port: int, path: str, out: str) -> None:
     from rl.backends.base import ModelSpec
     from rl.backends.dist import init_distributed
     from rl.backends.registry import build_backend
+    from rl.backends.weight_sync import gathers_on_every_rank
     from rl.core.algorithms import LossSettings
     from rl.core.packing import pack_sequences
 
@@ -51,6 +53,8 @@ def _worker(rank: int, port: int, path: str, out: str) -> None:
         backend.train_micro_batches([batch], settings, normalizer)
         backend.optimizer_step()
         buckets = list(backend.weight_buckets(BUCKET_BYTES))
+        if gathers_on_every_rank(backend):
+            torch.save(list(backend.device_buckets(BUCKET_BYTES)), f"{out}.{name}.rank{rank}")
         full = backend.full_state_dict()
         saved = os.path.join(os.path.dirname(out), f"checkpoint-{name}")
         backend.save_checkpoint(saved)
@@ -81,8 +85,10 @@ def results(tmp_path_factory):
     out = os.path.join(path, "results.pt")
     mp.spawn(_worker, args=(free_port(), path, out), nprocs=2)
     results = torch.load(out, weights_only=False)
-    for result in results.values():
+    for name, result in results.items():
         result["initial"] = model.state_dict()
+        held = [f"{out}.{name}.rank{rank}" for rank in (0, 1)]
+        result["device"] = [torch.load(f, weights_only=False) for f in held] if os.path.exists(held[0]) else None
     return results
 
 
@@ -112,3 +118,15 @@ def test_training_checkpoint_reads_back_as_the_trained_weights(results, layout):
     for name, tensor in read.items():
         assert tensor.device.type == "cpu" and tensor.dtype == torch.float32, name
         torch.testing.assert_close(tensor, full[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("layout", [name for name, (strategy, _) in LAYOUTS.items() if strategy != "megatron"])
+def test_every_rank_holds_the_same_buckets_on_its_device(results, layout):
+    """`device_buckets` on both ranks against rank 0's `weight_buckets` (itself held to `full_state_dict` above)."""
+    want, held = results[layout]["buckets"], results[layout]["device"]
+    assert held is not None, "the strategy yields no buckets on every rank"
+    for rank, got in enumerate(held):
+        assert [[name for name, _ in bucket] for bucket in got] == [[name for name, _ in bucket] for bucket in want]
+        for bucket, expected in zip(got, want, strict=True):
+            for (name, tensor), (_, value) in zip(bucket, expected, strict=True):
+                assert tensor.device.type == "cpu" and torch.equal(tensor, value), (rank, name)  # gloo: CPU ranks

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from rl.core.algorithms import KL_ESTIMATORS, POLICY_LOSSES
+from rl.core.algorithms.kl import K3_BOUND, K3_LOG_RATIO_BOUND
+from rl.core.algorithms.policy_loss import LOG_RATIO_BOUND
 from rl.core.config import ConfigError, load_config
 from rl.core.config.checks_values import FUSED_KERNEL_POLICY_LOSSES
 from rl.kernels.reference.policy_terms import (
@@ -21,6 +23,7 @@ from rl.kernels.reference.policy_terms import (
     kl_terms,
     policy_terms,
 )
+from tests.testing.tolerances import EXP_ROUNDINGS, assert_within, formula_gap, unit_roundoff
 
 EPS_LOW, EPS_HIGH, CLIP_C = 0.2, 0.28, 2.5
 
@@ -40,6 +43,54 @@ def _plan(policy: str = "regular", kl: str = "k1") -> LossPlan:
     return LossPlan(weight=ones, metric_weight=ones, token_weight=ones, policy=POLICY_CODES.get(policy, -1),
                     kl=KL_CODES.get(kl, -1), eps_clip_low=EPS_LOW, eps_clip_high=EPS_HIGH, clip_ratio_c=CLIP_C,
                     use_kl=True, kl_coef=1.0, use_entropy=False, entropy_coef=0.0)
+
+
+def _policy_bounds(name, lp, old, adv):
+    """(value, gradient) bounds of two float32 implementations of the policy loss `name`'s per-token formula
+    (`formula_gap`): x = logprob - old (one rounding), r = exp(x clamped to +-20) (an exponential, |x| more for its
+    argument's rounding), -A r, -A clip(r) and dual clip's -A c (one product each; the clip, max and min pick among
+    values each within its bound, which keeps the bound), cispo's product with the logprob (one more); the terms'
+    magnitude is |A| max(r, 1 + eps_high, c) (cispo: |A| min(r, 1 + eps_high) |logprob|). The gradient, -A r or
+    cispo's -A min(r, 1 + eps_high), or 0 where clipped, jumps where the ratio lies within its bound of a clip edge
+    or the clamp."""
+    raw = lp.double() - old.double()
+    x = raw.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    ratio, adv = x.exp(), adv.double().abs()
+    roundings = 3 + EXP_ROUNDINGS + x.abs()
+    if name == "cispo":
+        weight = ratio.clamp(max=1 + EPS_HIGH)
+        value, grad = formula_gap(adv * weight * lp.double().abs(), roundings + 1), formula_gap(adv * weight, roundings)
+    else:
+        top = torch.tensor(max(1 + EPS_HIGH, CLIP_C), dtype=torch.float64)
+        value, grad = formula_gap(adv * torch.maximum(ratio, top), roundings), formula_gap(adv * ratio, roundings)
+    u = unit_roundoff(torch.float32)
+    near = (raw.abs() - LOG_RATIO_BOUND).abs() <= 2 * u * raw.abs()
+    for edge in (1 - EPS_LOW, 1 + EPS_HIGH, CLIP_C):
+        near |= (ratio - edge).abs() <= 2 * roundings * u * ratio
+    return value, grad + near * adv * ratio
+
+
+def _kl_bounds(name, lp, ref):
+    """(value, gradient) bounds of two float32 implementations of the KL estimator `name` (`formula_gap`), x =
+    logprob - ref (one rounding): k1 x and abs |x| within one rounding of |x|, their slopes 1 and sign(x) exact (a
+    rounded difference keeps its sign); k2 x^2/2 within three of it, its slope x within one; k3 e^y - y - 1 (y = -x
+    clamped to +-20) within an exponential, |y| and three of e^y + |y| + 1, its slope -(e^y - 1) within an
+    exponential, |y| and one of e^y + 1; where k3's value is surely above its cap both sides give the cap and slope
+    0, where its bound reaches the cap the slope may jump to 0."""
+    x = lp.double() - ref.double()
+    zero = torch.zeros_like(x)
+    if name in ("k1", "abs"):
+        return formula_gap(x, 1), zero
+    if name == "k2":
+        return formula_gap(0.5 * x * x, 3), formula_gap(x, 1)
+    y = (-x).clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
+    value = y.exp() - y - 1
+    value_gap = formula_gap(y.exp() + y.abs() + 1, EXP_ROUNDINGS + y.abs() + 3)
+    grad_gap = formula_gap(y.exp() + 1, EXP_ROUNDINGS + y.abs() + 1)
+    capped = value - value_gap > K3_BOUND
+    reaches = ~capped & (value + value_gap >= K3_BOUND)
+    return (torch.where(capped, zero, value_gap),
+            torch.where(capped, zero, grad_gap + reaches * (y.exp() - 1).abs()))
 
 
 def _core_policy(name, lp, old, adv):
@@ -89,8 +140,9 @@ def test_torch_policy_formula_matches_the_registry(name):
     lp, old, adv = _values()
     want, want_grad = _core_policy(name, lp, old, adv)
     got, got_grad, _, _ = policy_terms(_plan(name), lp, old, adv)
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(got_grad, want_grad, rtol=1e-6, atol=1e-6)
+    value_gap, grad_gap = _policy_bounds(name, lp, old, adv)
+    assert_within(got, want, value_gap, name)
+    assert_within(got_grad, want_grad, grad_gap, f"{name} gradient")
 
 
 @pytest.mark.parametrize("name", sorted(KL_ESTIMATORS))
@@ -98,8 +150,9 @@ def test_torch_kl_formula_matches_the_registry(name):
     lp, ref, _ = _values()
     want, want_grad = _core_kl(name, lp, ref)
     got, got_grad = kl_terms(_plan(kl=name), lp, ref)
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(got_grad, want_grad, rtol=1e-6, atol=1e-6)
+    value_gap, grad_gap = _kl_bounds(name, lp, ref)
+    assert_within(got, want, value_gap, name)
+    assert_within(got_grad, want_grad, grad_gap, f"{name} gradient")
 
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -142,8 +195,9 @@ def test_triton_policy_formula_matches_the_registry(name):
     lp, old, adv = _values()
     want, want_grad = _core_policy(name, lp, old, adv)
     got, got_grad, _, _ = _triton_terms(lp, old, adv, POLICY_CODES[name], 0)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-5)
+    value_gap, grad_gap = _policy_bounds(name, lp, old, adv)
+    assert_within(got, want, value_gap, name)
+    assert_within(got_grad, want_grad, grad_gap, f"{name} gradient")
 
 
 @needs_interpreter
@@ -152,5 +206,6 @@ def test_triton_kl_formula_matches_the_registry(name):
     lp, ref, adv = _values()
     want, want_grad = _core_kl(name, lp, ref)
     _, _, got, got_grad = _triton_terms(lp, ref, adv, 0, KL_CODES[name])
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-5)
+    value_gap, grad_gap = _kl_bounds(name, lp, ref)
+    assert_within(got, want, value_gap, name)
+    assert_within(got_grad, want_grad, grad_gap, f"{name} gradient")

@@ -4,9 +4,19 @@ import pytest
 import torch
 
 from rl.core.algorithms import compute_policy_loss
+from rl.core.algorithms.kl import K3_BOUND
 from rl.kernels import reference as ref_ops
+from rl.kernels.reference.policy_terms import plan_loss
 from tests.rl.kernels.cases import LENGTHS, SETTINGS, eager_logprobs, oracle_loss, packed_batch
-from tests.testing.tolerances import assert_within, network_rtol, rounded_gap
+from tests.testing.tolerances import (
+    assert_within,
+    log_softmax_gaps,
+    log_softmax_grad_gap,
+    matmul_gap,
+    network_rtol,
+    policy_loss_gaps,
+    rounded_gap,
+)
 
 
 # Bounds from tests/testing/tolerances.py. A logprob is z_t/T - logsumexp(z/T) and an entropy is logsumexp(z/T) -
@@ -209,23 +219,49 @@ def test_fused_loss_rejects_gspo_naming_the_key():
         ref_ops.fused_policy_loss(settings, b.logits, b.targets, b.old, b.adv, b.mask, normalizer)
 
 
+def _chunked_grad_bounds(hidden, weight, logits, targets, w1, w2, temperature, dtype, logits_grad, logit_gap,
+                         w1_gap=0.0):
+    """Both sides' gradients of hidden and weight: the logits' gradient G (`log_softmax_grad_gap` at logits that
+    differ by `logit_gap`, cast to the weight's dtype before the matmuls), then hidden's G @ weight over the
+    vocabulary and weight's G.T @ hidden over the tokens (`matmul_gap`, each rounded to bf16 for bf16 inputs)."""
+    grad_gap = log_softmax_grad_gap(logits, targets, w1, w2, temperature, logit_gap=logit_gap, w1_gap=w1_gap,
+                                    dtype=dtype, grad=logits_grad)
+    return (lambda want: matmul_gap(logits_grad, weight, grad_gap, dtype=dtype, result=want),
+            lambda want: matmul_gap(logits_grad.T, hidden, grad_gap.T, dtype=dtype, result=want))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunked_logprobs_match_full_logits(dtype):
     g = torch.Generator().manual_seed(1)
     n, hdim, vocab = sum(LENGTHS), 12, 40
-    hidden = torch.randn(n, hdim, generator=g).to(dtype).requires_grad_()
-    weight = torch.randn(vocab, hdim, generator=g).to(dtype).requires_grad_()
+    # Inputs on a grid of 1/4 in [-2, 2]: every product is a multiple of 1/16 and every partial sum of a logit one
+    # below 2^6, so the logits are exact in float32 whatever the order (a chunk's rows or all of them) and, for bf16,
+    # each side rounds the same exact value: both sides' logits agree bit for bit.
+    hidden = (torch.randint(-8, 9, (n, hdim), generator=g) / 4).to(dtype).requires_grad_()
+    weight = (torch.randint(-8, 9, (vocab, hdim), generator=g) / 4).to(dtype).requires_grad_()
     targets = torch.randint(0, vocab, (n,), generator=g)
     lp, h = ref_ops.chunked_token_logprobs(hidden, weight, targets, 0.9, chunk_size=5)
-    lp0, h0 = eager_logprobs(hidden @ weight.T, targets, 0.9)
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(lp, lp0, atol=tol, rtol=tol)
-    torch.testing.assert_close(h, h0, atol=tol, rtol=tol)
+    logits0 = hidden @ weight.T
+    assert torch.equal(logits0, (hidden.detach().double() @ weight.detach().double().T).to(dtype))
+    lp0, h0 = eager_logprobs(logits0, targets, 0.9)
+    lp_gap, h_gap = log_softmax_gaps(logits0, targets, 0.9)
+    assert_within(lp, lp0, lp_gap, "logprob")
+    assert_within(h, h0, h_gap, "entropy")
     w1, w2 = torch.randn(n, generator=g), torch.randn(n, generator=g)
     grads = torch.autograd.grad((lp * w1 + h * w2).sum(), (hidden, weight))
-    grads0 = torch.autograd.grad((lp0 * w1 + h0 * w2).sum(), (hidden, weight))
-    for got, want in zip(grads, grads0, strict=True):
-        torch.testing.assert_close(got, want, atol=10 * tol, rtol=10 * tol)
+    *grads0, logits_grad = torch.autograd.grad((lp0 * w1 + h0 * w2).sum(), (hidden, weight, logits0))
+    bounds = _chunked_grad_bounds(hidden, weight, logits0, targets, w1, w2, 0.9, dtype, logits_grad, 0.0)
+    for got, want, bound, name in zip(grads, grads0, bounds, ("hidden", "weight"), strict=True):
+        assert got.dtype == dtype
+        assert_within(got, want, bound(want), f"{name} gradient")
+
+
+def _policy_loss_bounds(settings, b, normalizer, lp0, h0, lp_gap, h_gap, old=None):
+    """`policy_loss_gaps` of the loss and its metrics (by name) and of the loss's slope per token, with the kernels'
+    per-token weights (`plan_loss`)."""
+    plan = plan_loss(settings, normalizer, b.mask, b.seq_ids, b.num_sequences)
+    weights = {"loss": plan.weight, "metric": plan.metric_weight, "token": plan.token_weight}
+    return policy_loss_gaps(lp0, old, b.ref, b.adv, weights, lp_gap, h_gap, h0, settings, K3_BOUND)
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
@@ -252,14 +288,25 @@ def test_chunked_loss_matches_compute_policy_loss(name):
         with_entropy=True,
     )
     grads = torch.autograd.grad(2.0 * loss, (hidden, weight))
-    lp0, h0 = eager_logprobs(hidden @ weight.T, b.targets)
+    logits0 = hidden @ weight.T
+    lp0, h0 = eager_logprobs(logits0, b.targets)
     loss0, metrics0 = oracle_loss(settings, lp0, h0, b, normalizer)
-    grads0 = torch.autograd.grad(2.0 * loss0, (hidden, weight))
-    torch.testing.assert_close(loss, loss0, atol=1e-5, rtol=1e-5)
-    for got, want in zip(grads, grads0, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    *grads0, logits_grad, w1, w2 = torch.autograd.grad(2.0 * loss0, (hidden, weight, logits0, lp0, h0),
+                                                       allow_unused=True)
+    # The chunks' logits (`matmul_gap`), their logprobs and entropies (`log_softmax_gaps`), the loss and metrics over
+    # the tokens (`policy_loss_gaps`); the gradient of 2 * loss weights each token's logprob and entropy by w1, w2,
+    # whose logprob slope moves along the gap (twice the slope gap).
+    logit_gap = matmul_gap(hidden, weight.T)
+    lp_gap, h_gap = log_softmax_gaps(logits0, b.targets, 1.0, logit_gap)
+    value_gaps, slope_gap = _policy_loss_bounds(settings, b, normalizer, lp0, h0, lp_gap, h_gap, old=b.old)
+    assert_within(loss, loss0, value_gaps["loss"], "loss")
+    bounds = _chunked_grad_bounds(hidden, weight, logits0, b.targets, w1, w2, 1.0, torch.float32, logits_grad,
+                                  logit_gap, 2 * slope_gap)
+    for got, want, bound, part in zip(grads, grads0, bounds, ("hidden", "weight"), strict=True):
+        assert_within(got, want, bound(want), f"{part} gradient")
+    assert set(metrics) == set(metrics0)
     for key in metrics0:
-        torch.testing.assert_close(metrics[key], metrics0[key], atol=1e-5, rtol=1e-5, msg=key)
+        assert_within(metrics[key], metrics0[key], value_gaps[key], key)
 
 
 def test_empty_batch_gives_zero_loss_and_empty_gradient():

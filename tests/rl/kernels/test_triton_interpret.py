@@ -9,9 +9,29 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("Triton runs on CPU only with TRITON_INTERPRET=1 (the Bazel target sets it)", allow_module_level=True)
 
 from rl.core.algorithms import compute_policy_loss
+from rl.core.algorithms.kl import K3_BOUND
 from rl.kernels import reference as ref_ops
+from rl.kernels.reference.policy_terms import plan_loss
 from rl.kernels.triton import ops as tri
 from tests.rl.kernels.cases import SETTINGS, eager_logprobs, oracle_loss, packed_batch
+from tests.testing.tolerances import (
+    assert_within,
+    log_softmax_gaps,
+    log_softmax_grad_gap,
+    matmul_gap,
+    policy_loss_gaps,
+)
+
+# Bounds from tests/testing/tolerances.py: `log_softmax_gaps` and `log_softmax_grad_gap` for logprobs, entropies and
+# the logits' gradient (each side reduces over the vocabulary in its own order; logits a side computes itself differ
+# by `matmul_gap`), `policy_loss_gaps` for a loss and its metrics from those, and the gradient weights' own move.
+
+
+def _loss_bounds(settings, b, normalizer, lp0, h0, lp_gap, h_gap, old):
+    """`policy_loss_gaps` by metric name and the loss's slope gap per token, with the kernels' per-token weights."""
+    plan = plan_loss(settings, normalizer, b.mask, b.seq_ids, b.num_sequences)
+    weights = {"loss": plan.weight, "metric": plan.metric_weight, "token": plan.token_weight}
+    return policy_loss_gaps(lp0, old, b.ref, b.adv, weights, lp_gap, h_gap, h0, settings, K3_BOUND)
 
 
 @pytest.mark.parametrize("lengths", [[3, 0, 1, 5], [0, 0], [1], [70, 2]])
@@ -40,13 +60,14 @@ def test_token_logprobs_forward_and_backward(dtype):
     lp, ent = tri.token_logprobs_entropy(logits, b.targets, 0.7)
     eager_in = b.logits.clone().requires_grad_()
     lp0, ent0 = eager_logprobs(eager_in, b.targets, 0.7)
-    torch.testing.assert_close(lp, lp0, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ent, ent0, atol=1e-5, rtol=1e-5)
+    lp_gap, h_gap = log_softmax_gaps(b.logits, b.targets, 0.7)
+    assert_within(lp, lp0, lp_gap, "logprob")
+    assert_within(ent, ent0, h_gap, "entropy")
     w1, w2 = torch.randn(lp.shape), torch.randn(lp.shape)
     (g,) = torch.autograd.grad((lp * w1 + ent * w2).sum(), logits)
     (g0,) = torch.autograd.grad((lp0 * w1 + ent0 * w2).sum(), eager_in)
-    tol = 1e-5 if dtype == torch.float32 else 1e-2
-    torch.testing.assert_close(g, g0, atol=tol, rtol=tol)
+    assert g.dtype == dtype
+    assert_within(g, g0, log_softmax_grad_gap(b.logits, b.targets, w1, w2, 0.7, dtype=dtype, grad=g0), "gradient")
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
@@ -72,12 +93,18 @@ def test_fused_loss_matches_compute_policy_loss(name):
     eager_in = b.logits.clone().requires_grad_()
     lp0, ent0 = eager_logprobs(eager_in, b.targets, 0.9)
     loss0, metrics0 = oracle_loss(settings, lp0, ent0, b, normalizer)
-    (3.0 * loss0).backward()
-    torch.testing.assert_close(loss, loss0, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(logits.grad, eager_in.grad, atol=1e-6, rtol=1e-4)
+    grad0, w1, w2 = torch.autograd.grad(3.0 * loss0, (eager_in, lp0, ent0), allow_unused=True)
+    # The same logits on both sides; the gradient of 3 * loss weights each token's logprob and entropy by w1, w2
+    # (each weight a few roundings of its own: 4 more terms in the sums), w1 moving along the logprob gap.
+    lp_gap, h_gap = log_softmax_gaps(b.logits, b.targets, 0.9)
+    value_gaps, slope_gap = _loss_bounds(settings, b, normalizer, lp0, ent0, lp_gap, h_gap, b.old)
+    assert_within(loss, loss0, value_gaps["loss"], "loss")
+    vocab = b.logits.shape[-1]
+    bound = log_softmax_grad_gap(b.logits, b.targets, w1, w2, 0.9, [vocab, vocab, 4], w1_gap=3 * slope_gap)
+    assert_within(logits.grad, grad0, bound, "logits gradient")
     assert set(metrics) == set(metrics0)
     for key in metrics0:
-        torch.testing.assert_close(metrics[key], metrics0[key], atol=1e-5, rtol=1e-5, msg=key)
+        assert_within(metrics[key], metrics0[key], value_gaps[key], key)
 
 
 def test_fused_loss_bf16_logits_match_reference():
@@ -101,9 +128,19 @@ def test_fused_loss_bf16_logits_match_reference():
         )
         loss.backward()
         outs.append((loss, logits.grad))
-    torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
+    # Both kernels take the same bf16 logits to float32 logprobs (`log_softmax_gaps`) and the loss (the eager
+    # oracle's logprobs and weights locate the bound); each rounds its float32 gradient to bf16 once.
+    lp0, ent0 = eager_logprobs(b.logits.clone().requires_grad_(), b.targets)
+    loss0, _ = oracle_loss(settings, lp0, ent0, b, normalizer)
+    w1, w2 = torch.autograd.grad(loss0, (lp0, ent0))
+    lp_gap, h_gap = log_softmax_gaps(b.logits, b.targets)
+    value_gaps, slope_gap = _loss_bounds(settings, b, normalizer, lp0, ent0, lp_gap, h_gap, b.old)
+    assert_within(outs[0][0], outs[1][0], value_gaps["loss"], "loss")
     assert outs[0][1].dtype == torch.bfloat16
-    torch.testing.assert_close(outs[0][1].float(), outs[1][1].float(), atol=1e-3, rtol=1e-2)
+    vocab = b.logits.shape[-1]
+    bound = log_softmax_grad_gap(b.logits, b.targets, w1, w2, 1.0, [vocab, vocab, 4], w1_gap=slope_gap,
+                                 dtype=torch.bfloat16, grad=outs[1][1])
+    assert_within(outs[0][1], outs[1][1], bound, "logits gradient")
 
 
 def test_empty_batch():
@@ -153,15 +190,24 @@ def test_chunked_loss_through_triton_kernels_matches_compute_policy_loss(name, o
     )
     loss.backward()
     eager_h, eager_w = hidden0.clone().requires_grad_(), weight0.clone().requires_grad_()
-    lp0, ent0 = eager_logprobs(eager_h @ eager_w.T, b.targets, 0.9)
+    logits0 = eager_h @ eager_w.T
+    lp0, ent0 = eager_logprobs(logits0, b.targets, 0.9)
     loss0, metrics0 = compute_policy_loss(
         settings, lp0, old, b.adv, b.mask, normalizer, ref_logprobs=b.ref,
         entropy=ent0 if settings.use_entropy_loss else None, seq_ids=b.seq_ids, num_sequences=b.num_sequences,
     )
-    loss0.backward()
-    torch.testing.assert_close(loss, loss0, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(hidden.grad, eager_h.grad, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(weight.grad, eager_w.grad, atol=1e-5, rtol=1e-4)
+    grad_h0, grad_w0, logits_grad, w1, w2 = torch.autograd.grad(loss0, (eager_h, eager_w, logits0, lp0, ent0),
+                                                                allow_unused=True)
+    # Each side computes its chunks' logits (`matmul_gap` over the hidden size), their logprobs and entropies, the
+    # loss and metrics over the tokens; the logits' gradient (each weight a few roundings: 4 more terms), then
+    # hidden's over the vocabulary and weight's over the tokens (`matmul_gap`).
+    logit_gap = matmul_gap(hidden0, weight0.T)
+    lp_gap, h_gap = log_softmax_gaps(logits0, b.targets, 0.9, logit_gap)
+    value_gaps, slope_gap = _loss_bounds(settings, b, normalizer, lp0, ent0, lp_gap, h_gap, old)
+    assert_within(loss, loss0, value_gaps["loss"], "loss")
+    grad_gap = log_softmax_grad_gap(logits0, b.targets, w1, w2, 0.9, [37, 37, 4], logit_gap, slope_gap)
+    assert_within(hidden.grad, grad_h0, matmul_gap(logits_grad, weight0, grad_gap), "hidden gradient")
+    assert_within(weight.grad, grad_w0, matmul_gap(logits_grad.T, hidden0, grad_gap.T), "weight gradient")
     assert set(metrics) == set(metrics0)
     for key in metrics0:
-        torch.testing.assert_close(metrics[key], metrics0[key], atol=1e-5, rtol=1e-5, msg=key)
+        assert_within(metrics[key], metrics0[key], value_gaps[key], key)

@@ -4,6 +4,7 @@ the trajectory so far, within the turn and context limits."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -14,7 +15,7 @@ from rl.core.data import PromptRecord, load_prompt_dataset
 from rl.core.environments import Environment, StepResult, make_environment_factory
 from rl.core.generation import Rollout, SamplingParams, build_engine
 from rl.tasks.embedded import write_untrained_job
-from rl.trainer.multi_turn import Trajectory, run_episodes
+from rl.trainer.multi_turn import EpisodeError, Trajectory, run_episodes
 
 DIGITS = tuple("0123456789")
 SEED = 11
@@ -203,7 +204,7 @@ def test_arith_retry_asks_again_after_a_wrong_answer(setup):
 def test_prompts_without_room_and_bad_turn_limits_are_refused(setup):
     tokenizer, engine, records, prompt_ids = setup
     params = SamplingParams(max_new_tokens=4)
-    with pytest.raises(ValueError, match=r"prompt 0 has .* no room"):
+    with pytest.raises(EpisodeError, match=rf"the prompt of {re.escape(records[0].where)} has .* no room"):
         run_episodes(engine.generate, tokenizer, EndlessEnv, records, prompt_ids, params, 2, len(prompt_ids[0]))
     with pytest.raises(ValueError, match="max_turns must be"):
         run_episodes(engine.generate, tokenizer, EndlessEnv, records, prompt_ids, params, 0, 128)

@@ -17,6 +17,7 @@
 """
 
 import json
+import math
 import os
 
 import pytest
@@ -31,8 +32,7 @@ from tests.testing.tiny_job import make_tiny_job, run_train
 STEPS = 2
 MAX_LENGTH = 12  # the tiny job's generator.max_generate_length
 TWO_WORKERS = ["trainer.placement.policy_num_gpus_per_node=2", f"trainer.ckpt_interval={STEPS}"]
-# One float32 forward per side, summed in other orders: far below any effect checked here.
-LOSS_RTOL = 1e-4
+U = tolerances.unit_roundoff(torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +93,38 @@ def _mean_gap(values: torch.Tensor) -> float:
             + u * float(values.abs().max()))
 
 
+def _forward_gap(job, model, rollouts) -> float:
+    """`tolerances.logprob_gap` of the untrained model on these rollouts: how far two float32 forwards of it (the
+    run's old logprobs and its training forward, or the run's and this process's) can put one token's logprob."""
+    with open(os.path.join(job.model_path, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    sequences = [torch.tensor([list(r.prompt_ids) + list(r.response_ids)]) for r in rollouts]
+    with torch.no_grad():
+        largest = max(float(model(ids).logits.abs().max()) for ids in sequences)
+    return tolerances.logprob_gap(config, torch.tensor(largest), max(ids.shape[1] for ids in sequences))
+
+
+def _reductions(job, rollouts, kept) -> list[int]:
+    """`tolerances.decoder_reductions` of a step on the kept rollouts (the loss and weight gradients sum over their
+    tokens, two data-parallel replicas' halves are averaged: 2 more terms)."""
+    with open(os.path.join(job.model_path, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    lengths = [len(r.prompt_ids) + len(r.response_ids) for r, keep in zip(rollouts, kept, strict=True) if keep]
+    return tolerances.decoder_reductions(config, max(lengths), sum(lengths) + 2)
+
+
+def _group_mean_gap(rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """How far the run's float32 leave-one-out advantage (r_i - group mean) * n / (n - 1) of each reward can sit from
+    this float64 one: the rewards rounded to float32, the group's n-term mean, the subtraction, the product and the
+    division, gamma_(n + 4) of n / (n - 1) * (|r_i| + the group's largest |r|)."""
+    gaps = torch.empty_like(rewards)
+    for i, group in enumerate(groups.tolist()):
+        members = rewards[groups == group]
+        n = members.numel()
+        gaps[i] = tolerances.gamma(n + 4, torch.float32) * n / (n - 1) * (rewards[i].abs() + members.abs().max())
+    return gaps
+
+
 def _penalty(lengths: torch.Tensor, band: int, factor: float) -> torch.Tensor:
     """DAPO's soft overlong punishment: 0 up to MAX_LENGTH - band tokens, then -factor per band tokens, capped."""
     return torch.tensor([-factor * min(1.0, max(0.0, (n - (MAX_LENGTH - band)) / band)) for n in lengths.tolist()],
@@ -148,19 +180,44 @@ def test_hsdp_overlong_filtering_penalty_rloo_and_gspo(job, tmp_path):
     # gspo's per-token loss is -A * (sequence ratio = 1); sequence_mean: the mean over sequences in the loss
     expected = -advantages[~cut].mean().item()
     unfiltered = -advantages.mean().item()
-    assert abs(expected - unfiltered) > 10 * LOSS_RTOL * abs(expected), "filtering must change the loss"
+    # The run's sequence ratio exp(mean of logp - old) compares two float32 forwards of the same weights: within
+    # e^(+-d) of 1 (`_forward_gap`), its slope |A| r (the clip only flattens it); its float32 advantages within
+    # `_group_mean_gap`; its sums over the kept sequences' tokens (the token means, then the sequence mean).
+    model = _untrained(job.model_path)
+    d = _forward_gap(job, model, rollouts)
+    kept_advantages, kept_gaps = advantages[~cut], _group_mean_gap(rewards, groups)[~cut]
+    tokens = int(lengths[~cut].sum())
+    loss_gap = (float((kept_advantages.abs() * math.expm1(d) + kept_gaps * math.exp(d)).mean())
+                + tolerances.reordered_sum_gap(tokens + 4, float(kept_advantages.abs().mean()) * math.exp(d),
+                                               torch.float32))
+    print(f"gspo step-1 loss: gap {abs(first['pg_loss'] - expected):.3g}, bound {loss_gap:.3g}")
+    assert abs(expected - unfiltered) > 10 * loss_gap, "filtering must change the loss"
     assert first["kl"] == 0.0
-    assert first["pg_loss"] == pytest.approx(expected, rel=LOSS_RTOL)
-    assert first["loss"] == pytest.approx(expected, rel=LOSS_RTOL)
+    assert first["pg_loss"] == pytest.approx(expected, abs=loss_gap)
+    assert first["loss"] == pytest.approx(expected, abs=loss_gap)
     # The gradient both replicas apply: the loss above differentiated here in one process (gspo's ratio
     # exp(logp - sg(logp)) has the gradient of logp; the k3 KL's gradient is 0 where policy = reference). A replica
     # that skipped the all-reduce over the replicate dimension would step on half the batch's gradient.
-    model = _untrained(job.model_path)
     kept = [(a, lp) for a, lp, dropped in zip(advantages.tolist(), _response_logprobs(model, rollouts), cut.tolist(),
                                              strict=True) if not dropped]
     (-sum(a * lp.mean() for a, lp in kept) / len(kept)).backward()
-    norm = torch.sqrt(sum(p.grad.double().pow(2).sum() for p in model.parameters() if p.grad is not None))
-    assert first["grad_norm"] == pytest.approx(norm.item(), rel=LOSS_RTOL)
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    norm = torch.sqrt(sum(g.double().pow(2).sum() for g in grads.values()))
+    # The run's gradient differs from this one (i) by rounding: each tensor's `tolerances.gradient_gap` over the
+    # step's reductions, in the L2 norm, and the run's float32 norm (its n-term sum of squares, gamma_(n+1) of the
+    # squared norm, halved by the square root, which rounds once more; this side's float64 sum adds nothing at this
+    # scale); (ii) by its loss weights A_s r_s / S against A_s / S here: each sequence's gradient of its mean
+    # logprob scaled by at most |A_s| (e^d - 1) + its advantage's gap times e^d, over S.
+    reductions = _reductions(job, rollouts, (~cut).tolist())
+    rounding = math.sqrt(sum(g.numel() * tolerances.gradient_gap(g, reductions) ** 2 for g in grads.values()))
+    numel = sum(g.numel() for g in grads.values())
+    weights = (kept_advantages.abs() * math.expm1(d) + kept_gaps * math.exp(d)).tolist()
+    per_sequence = _sequence_gradient_norms(model, [r for r, dropped in zip(rollouts, cut.tolist(), strict=True)
+                                                    if not dropped])
+    scaled = sum(w * n for w, n in zip(weights, per_sequence, strict=True)) / len(weights)
+    norm_gap = rounding + (tolerances.gamma(numel + 1, torch.float32) / 2 + U) * float(norm) + scaled
+    print(f"step-1 grad norm {float(norm):.3g}: gap {abs(first['grad_norm'] - float(norm)):.3g}, bound {norm_gap:.3g}")
+    assert first["grad_norm"] == pytest.approx(norm.item(), abs=norm_gap)
     checkpoint_dir = os.path.join(run_dir, "checkpoints", f"global_step_{STEPS}")
     _assert_whole(_stored_whole(checkpoint_dir, "model."))
 
@@ -189,13 +246,28 @@ def test_fsdp1_hybrid_lora_exclude_modules_reinforce_plus_plus_and_cispo(job, tm
     tokens = torch.repeat_interleave(rewards, lengths.long())
     mean, std = tokens.mean(), tokens.var(unbiased=True).add(1e-8).sqrt()
     advantages = (rewards - mean) / std
+    model = _untrained(job.model_path)
     with torch.no_grad():  # the adapters start at B = 0: the base model's logprobs
-        logprobs = _response_logprobs(_untrained(job.model_path), rollouts)
+        logprobs = _response_logprobs(model, rollouts)
     # cispo at ratio 1: -A * logp per token; token_mean over every response token (no filtering here)
     expected = -sum(a * lp.sum() for a, lp in zip(advantages.tolist(), logprobs, strict=True)) / lengths.sum()
+    # The run's terms -A clip(r) logp: its logprobs within d of these and its ratio (two forwards of its weights)
+    # within e^(+-d) of 1 (`_forward_gap`; the adapters add exactly 0 at B = 0); its float32 whitening within
+    # gamma_(N + 6) of (|r_i| + max|r|) / std + |A_i| (the N-token mean and variance, the square root, the
+    # subtraction and the division); its token mean's own N-term sum.
+    d = _forward_gap(job, model, rollouts)
+    n = int(lengths.sum())
+    a_gaps = tolerances.gamma(n + 6, torch.float32) * ((rewards.abs() + rewards.abs().max()) / std
+                                                       + advantages.abs())
+    per_token = [(a.abs() * (d * math.exp(d) + lp.abs() * math.expm1(d)) + g * math.exp(d) * (lp.abs() + d)).sum()
+                 for a, g, lp in zip(advantages, a_gaps, logprobs, strict=True)]
+    magnitude = sum((a.abs() * math.exp(d) * (lp.abs() + d)).sum() for a, lp in zip(advantages, logprobs,
+                                                                                    strict=True))
+    loss_gap = float(sum(per_token) / n + tolerances.reordered_sum_gap(n + 4, magnitude / n, torch.float32))
+    print(f"cispo step-1 loss: gap {abs(first['pg_loss'] - float(expected)):.3g}, bound {loss_gap:.3g}")
     assert first["kl"] == 0.0
-    assert first["pg_loss"] == pytest.approx(float(expected), rel=LOSS_RTOL)
-    assert first["loss"] == pytest.approx(float(expected), rel=LOSS_RTOL)
+    assert first["pg_loss"] == pytest.approx(float(expected), abs=loss_gap)
+    assert first["loss"] == pytest.approx(float(expected), abs=loss_gap)
 
     export = os.path.join(run_dir, "exports", f"global_step_{STEPS}")
     adapters = load_file(os.path.join(export, "adapter_model.safetensors"))
@@ -219,6 +291,18 @@ def _response_logprobs(model, rollouts) -> list[torch.Tensor]:
         token = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
         found.append(token[len(rollout.prompt_ids) - 1:])
     return found
+
+
+def _sequence_gradient_norms(model, rollouts) -> list[float]:
+    """The L2 norm of the gradient of each rollout's mean response logprob."""
+    norms = []
+    for rollout in rollouts:
+        model.zero_grad(set_to_none=True)
+        _response_logprobs(model, [rollout])[0].mean().backward()
+        norms.append(math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in model.parameters()
+                                   if p.grad is not None)))
+    model.zero_grad(set_to_none=True)
+    return norms
 
 
 def _untrained(model_path: str):

@@ -76,7 +76,8 @@ def test_transformer_config_kwargs_must_be_transformer_config_fields():
 
 
 def test_recompute_modules_are_checked_by_megatron_core():
-    message = _problems(["trainer.strategy=megatron", BLOCK + "transformer_config_kwargs={recompute_modules: [ffn]}"])
+    message = _problems(["trainer.strategy=megatron",
+                         BLOCK + "transformer_config_kwargs={recompute_modules: [feedforward]}"])
     assert "transformer_config_kwargs.recompute_modules: megatron-core refuses it" in message
     assert "'mlp'" in message  # megatron-core's own list of allowed modules
     load_config(["trainer.strategy=megatron", BLOCK + "recompute_granularity=selective",

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rl.core.algorithms import LOSS_REDUCTIONS, POLICY_LOSSES, LossSettings, compute_policy_loss
+from rl.core.algorithms.policy_loss import COVARIANCE_LOSSES
 from rl.core.packing import pack_sequences, pad_sequences, plan_micro_batches, plan_padded_micro_batches
 
 F64 = torch.float64
@@ -119,7 +120,9 @@ def reference_gradients(settings, seqs):
     return [leaf.grad for leaf in leaves]
 
 
-@pytest.mark.parametrize(("policy_loss", "reduction"), list(itertools.product(POLICY_LOSSES, LOSS_REDUCTIONS)))
+# clip_cov and kl_cov pick tokens by a statistic of the micro-batch they see: not split-invariant by definition
+@pytest.mark.parametrize(("policy_loss", "reduction"), list(itertools.product(
+    [name for name in POLICY_LOSSES if name not in COVARIANCE_LOSSES], LOSS_REDUCTIONS)))
 def test_packed_and_padded_micro_batches_match_one_padded_batch(policy_loss, reduction):
     settings = settings_for(policy_loss, reduction)
     seqs = make_sequences()

@@ -1,0 +1,351 @@
+"""SkyRL keys whose translation depends on their value or on other keys: values SkyRL spells differently on keys we
+share, and keys accepted only when they agree with the rest of the config (checked on the built config)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rl.core.config.defaults import get
+from rl.core.config.dialects.layer import MISSING, Layer
+from rl.core.config.dialects.skyrl import ESP, IE, MEGATRON, REF_LAYOUT, G, T
+
+SKYRL = "SkyRL"
+SKYRL_GYM_ENVIRONMENTS = ("gsm8k_multi_turn", "text2sql", "search", "lcb", "searchcode", "aime")
+"""SkyRL-gym's registered environments other than `gsm8k` (which is our single-turn reward)."""
+MISSING_LOSSES = {
+    "rollout_is": "SkyRL's rollout_is loss (GLM-5's importance-weighted loss on rollout logprobs)",
+    "dppo": "DPPO's divergence-masked loss",
+    "cross_entropy": "a cross-entropy (supervised) policy loss",
+}
+MISSING_REDUCTIONS = {
+    "prompt_mean": "the per-prompt token mean",
+    "token_mean_legacy": "SkyRL's former token mean (normalized per micro-batch)",
+}
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def intervals(layer: Layer) -> None:
+    """SkyRL's -1 "never" for the intervals we share is our 0."""
+    for name in ("ckpt_interval", "hf_save_interval", "eval_interval"):
+        key = T + name
+        value = layer.value(key)
+        if _int(value) and value < 0:
+            layer.take(key)
+            layer.emit(key, 0)
+            layer.alias(f"{key}={value}", f"{key}=0", SKYRL)
+
+
+def resume(layer: Layer) -> None:
+    """`resume_mode=null` is `none`; `resume_mode=from_path` with `resume_path=P` is `resume_mode=P`."""
+    mode, path = layer.value(T + "resume_mode"), layer.value(T + "resume_path")
+    if mode is None:
+        layer.take(T + "resume_mode")
+        layer.emit(T + "resume_mode", "none")
+        layer.alias(f"{T}resume_mode=null", f"{T}resume_mode=none", SKYRL)
+    elif mode == "from_path":
+        layer.take(T + "resume_mode")
+        if path in (MISSING, None):
+            layer.refuse(
+                T + "resume_mode",
+                "from_path needs trainer.resume_path; or set trainer.resume_mode=<the checkpoint directory>",
+            )
+            return
+        layer.emit(T + "resume_mode", path)
+        layer.alias(f"{T}resume_mode=from_path + {T}resume_path", f"{T}resume_mode", SKYRL)
+    if path is not MISSING:
+        layer.take(T + "resume_path")
+        if mode != "from_path":
+            layer.inert(T + "resume_path", "used only with resume_mode=from_path")
+
+
+def environment(layer: Layer) -> None:
+    """SkyRL-gym's `gsm8k` environment is our single-turn `gsm8k` reward; its other environments are not built in."""
+    key = "environment.env_class"
+    name = layer.value(key)
+    if name == "gsm8k":
+        layer.take(key)
+        layer.emit(key, None)
+        layer.emit("data.reward_fn", ["gsm8k"])
+        layer.alias(f"{key}=gsm8k", "data.reward_fn=gsm8k with environment.env_class=null", SKYRL)
+        layer.differs(
+            key,
+            SKYRL,
+            "SkyRL-gym's single-turn gsm8k environment is the gsm8k reward here. Both score 1 "
+            "when the number after `####` equals the answer and 0 otherwise; SkyRL compares the first "
+            "`#### N` as text, this project the last as a number (`#### 1,000` and `#### 1000.0` score 1 "
+            "here). The answer comes from data.answer_key",
+        )
+    elif name in SKYRL_GYM_ENVIRONMENTS:
+        layer.take(key)
+        layer.refuse(
+            key,
+            f"is {name!r}, SkyRL-gym's {name} environment, which is not built in here; write it as an "
+            "rl.core.environments.Environment subclass and set environment.env_class="
+            "package.module:Class (arith_retry is the built-in multi-turn example)",
+        )
+
+
+def losses(layer: Layer) -> None:
+    """SkyRL's policy losses and reductions that this project does not have, named."""
+    for key, missing in (
+        (T + "algorithm.policy_loss_type", MISSING_LOSSES),
+        (T + "algorithm.loss_reduction", MISSING_REDUCTIONS),
+    ):
+        value = layer.value(key)
+        if isinstance(value, str) and value in missing:
+            layer.take(key)
+            layer.refuse(
+                key,
+                f"is {value!r}, {missing[value]}, which is not available here; pick one the key "
+                "lists in rl/core/config/schema_algorithm.py",
+            )
+
+
+SKYRL_RECOMPUTE_DEFAULTS = {
+    "recompute_granularity": "full",
+    "recompute_modules": ["core_attn"],
+    "recompute_method": "uniform",
+    "recompute_num_layers": 1,
+    "gradient_accumulation_fusion": False,
+}
+"""SkyRL's transformer_config_kwargs defaults: whole layers recomputed when trainer.gradient_checkpointing is true,
+as megatron does here."""
+
+
+def megatron_kwargs(layer: Layer) -> None:
+    """SkyRL passes megatron's recompute settings in transformer_config_kwargs: at SkyRL's defaults they ask for what
+    trainer.gradient_checkpointing does here; recompute_granularity is a key of our block; Megatron-Core 0.16 calls
+    the `ffn` recompute module `mlp`."""
+    kwargs = f"{MEGATRON}.transformer_config_kwargs"
+    layer.expand(kwargs)
+    layer.expand(f"{MEGATRON}.optimizer_config_kwargs")
+    for name, default in SKYRL_RECOMPUTE_DEFAULTS.items():
+        if layer.value(f"{kwargs}.{name}") == default:
+            layer.take(f"{kwargs}.{name}")
+            layer.inert(
+                f"{kwargs}.{name}",
+                "SkyRL's default: whole layers are recomputed when trainer.gradient_checkpointing is true, as here",
+            )
+    granularity = layer.value(f"{kwargs}.recompute_granularity")
+    if granularity is not MISSING:
+        layer.take(f"{kwargs}.recompute_granularity")
+        layer.emit(f"{MEGATRON}.recompute_granularity", granularity)
+        layer.alias(f"{kwargs}.recompute_granularity", f"{MEGATRON}.recompute_granularity", SKYRL)
+    modules = layer.value(f"{kwargs}.recompute_modules")
+    if isinstance(modules, list) and "ffn" in modules:
+        layer.take(f"{kwargs}.recompute_modules")
+        layer.emit(f"{kwargs}.recompute_modules", ["mlp" if name == "ffn" else name for name in modules])
+        layer.differs(
+            f"{kwargs}.recompute_modules",
+            SKYRL,
+            "`ffn` is Megatron-Core 0.16's `mlp` (the MLP block's activations are recomputed)",
+        )
+
+
+def weight_sync(layer: Layer) -> None:
+    """SkyRL's `nccl` with colocated engines sends the weights by CUDA IPC: our null picks that (ipc) on a GPU."""
+    for key in (IE + "weight_sync_backend", G + "weight_sync_backend"):
+        value = layer.value(key)
+        if value is MISSING:
+            continue
+        colocated = layer.current("trainer.placement.colocate_all") is True
+        if value == "nccl" and colocated:
+            layer.take(key)
+            layer.emit(G + "weight_sync_backend", None)
+            layer.alias(f"{key}=nccl", f"{G}weight_sync_backend=null", SKYRL)
+            layer.differs(
+                key,
+                SKYRL,
+                "nccl with colocated engines is CUDA IPC in SkyRL; here null picks ipc when "
+                "every engine worker is on training rank 0's device, else ray (and the "
+                "colocated hf engine takes the weights through Ray)",
+            )
+        elif key.startswith(IE):
+            layer.take(key)
+            if value == "delta":
+                layer.refuse(
+                    key,
+                    "is 'delta', checkpoint-delta weight sync through storage: not available here; "
+                    "use nccl (engines on devices of their own) or leave it null",
+                )
+                continue
+            layer.emit(G + "weight_sync_backend", value)
+            layer.alias(key, G + "weight_sync_backend", SKYRL)
+
+
+def _equal_later(layer: Layer, key: str, value: Any, ours: str, what: str) -> None:
+    """Accept `key` when the built config's `ours` equals `value`."""
+
+    def check(cfg) -> str | None:
+        have = get(cfg, ours)
+        return None if have == value else f"is {value!r}, but {what}: {ours} is {have!r}; remove it or make them equal"
+
+    layer.later(key, check)
+    layer.inert(key, f"equal to {ours} (checked)")
+
+
+def must_match(layer: Layer) -> None:
+    """Keys accepted when they agree with our keys of the same meaning, checked on the built config."""
+    pairs = [
+        (
+            f"{T}ref.megatron_config.{name}",
+            f"{MEGATRON}.{name}",
+            "the reference model uses the policy's Megatron-Core layout here",
+        )
+        for name in REF_LAYOUT
+    ]
+    pairs += [
+        (
+            f"{T}ref.sequence_parallel_size",
+            f"{T}policy.sequence_parallel_size",
+            "the reference model runs in the policy's sequence-parallel groups here",
+        ),
+        (f"{G}model_name", f"{T}policy.model.path", "the engines serve the policy's model"),
+        (f"{ESP}max_generate_length", f"{G}max_generate_length", "evaluation uses the training length here"),
+        (f"{ESP}stop", f"{G}stop", "evaluation uses the training stop strings here"),
+    ]
+    for key, ours, what in pairs:
+        value = layer.take(key)
+        if value is not MISSING:
+            _equal_later(layer, key, value, ours, what)
+    for key, ours, what in (
+        (f"{T}algorithm.temperature", f"{G}temperature", "logprobs are taken at the sampling temperature here"),
+        (
+            f"{T}algorithm.max_seq_len",
+            f"{G}max_generate_length",
+            "the seq_mean_token_sum_norm normalizer is generator.max_generate_length here",
+        ),
+    ):
+        value = layer.take(key)
+        if value is None:
+            layer.inert(key, "null: the value this project uses")
+        elif value is not MISSING:
+            _equal_later(layer, key, value, ours, what)
+    if layer.value(G + "eval_sampling_params", 0) is None:
+        layer.take(G + "eval_sampling_params")
+        layer.inert(G + "eval_sampling_params", "null: evaluation at generator.eval_temperature")
+
+
+def expert_tensor_parallel(layer: Layer, key: str = f"{MEGATRON}.expert_tensor_parallel_size") -> None:
+    """The expert tensor-parallel size is accepted where it is what this project uses: TP (or no experts split)."""
+    value = layer.take(key)
+    if value is MISSING:
+        return
+    if value is None:
+        layer.inert(key, "null: the expert tensor-parallel size is the tensor-parallel size, as here")
+        return
+
+    def check(cfg) -> str | None:
+        tp = get(cfg, f"{MEGATRON}.tensor_model_parallel_size")
+        ep = get(cfg, f"{MEGATRON}.expert_model_parallel_size")
+        if value == tp or ep == 1:
+            return None
+        return (
+            f"is {value}, but experts are split with the tensor-parallel size here (ETP = TP = {tp}); remove it "
+            "or set the tensor-parallel size to it"
+        )
+
+    layer.later(key, check)
+    layer.inert(key, "the expert tensor-parallel size is the tensor-parallel size here (checked)")
+
+
+def retention_check(key: str, keep: int):
+    """A check that the run writes at most `keep` checkpoints, so that keeping only the last `keep` (or the best
+    `keep`) changes nothing: this project keeps every checkpoint it writes."""
+
+    def check(cfg) -> str | None:
+        interval, steps = cfg.trainer.ckpt_interval, cfg.trainer.max_steps
+        if interval == 0 or (steps is not None and steps // interval <= keep):
+            return None
+        written = "an unbounded number of" if steps is None else f"{steps // interval}"
+        return (
+            f"is {keep}, but this run writes {written} checkpoints and every checkpoint is kept here (no "
+            "pruning); remove it, or raise it to the number of checkpoints the run writes"
+        )
+
+    return check
+
+
+def checkpoints(layer: Layer) -> None:
+    key = T + "max_ckpts_to_keep"
+    keep = layer.take(key)
+    if keep is MISSING:
+        return
+    if not _int(keep) or keep < 0 or keep == 0:
+        layer.inert(key, "keep every checkpoint, as here")
+        return
+    layer.later(key, retention_check(key, keep))
+    layer.inert(key, "no pruning needed: the run writes at most that many checkpoints (checked)")
+
+
+def truncated_importance_sampling(layer: Layer) -> None:
+    """SkyRL's deprecated `use_tis` + `tis_imp_ratio_cap`: token-level TIS capped at the ratio cap."""
+    use, cap = layer.take(T + "algorithm.use_tis"), layer.take(T + "algorithm.tis_imp_ratio_cap")
+    opc = T + "algorithm.off_policy_correction."
+    if use is True:
+        if not isinstance(cap, int | float) or isinstance(cap, bool) or cap <= 0:
+            layer.refuse(
+                T + "algorithm.use_tis",
+                f"needs trainer.algorithm.tis_imp_ratio_cap > 0, got {cap!r}; or "
+                f"set {opc}tis_ratio_type=token with {opc}token_tis_ratio_clip_high",
+            )
+            return
+        layer.emit(opc + "tis_ratio_type", "token", at=T + "algorithm.use_tis")
+        layer.emit(opc + "token_tis_ratio_clip_high", cap, at=T + "algorithm.use_tis")
+        layer.alias(
+            f"{T}algorithm.use_tis + tis_imp_ratio_cap", f"{opc}tis_ratio_type=token + token_tis_ratio_clip_high", SKYRL
+        )
+        return
+    for key, value in ((T + "algorithm.use_tis", use), (T + "algorithm.tis_imp_ratio_cap", cap)):
+        if value is not MISSING:
+            layer.inert(key, "SkyRL's deprecated TIS switch, off")
+
+
+def cispo(layer: Layer) -> None:
+    """SkyRL's `cispo` block: the upper offset is our eps_clip_high; a lower offset of 1 (weight >= 0) is ours."""
+    block = T + "algorithm.cispo."
+    high, low, anchor = (
+        layer.take(block + name) for name in ("cispo_eps_clip_high", "cispo_eps_clip_low", "cispo_anchor")
+    )
+    used = layer.current(T + "algorithm.policy_loss_type") == "cispo"
+    for name, value in (("cispo_eps_clip_high", high), ("cispo_eps_clip_low", low), ("cispo_anchor", anchor)):
+        if value is not MISSING and not used:
+            layer.inert(block + name, "used only with policy_loss_type=cispo")
+    if not used:
+        return
+    if high is not MISSING:
+        layer.emit(T + "algorithm.eps_clip_high", high, at=block + "cispo_eps_clip_high")
+        layer.alias(block + "cispo_eps_clip_high", T + "algorithm.eps_clip_high", SKYRL)
+    if low is not MISSING and low != 1.0:
+        layer.refuse(
+            block + "cispo_eps_clip_low",
+            f"is {low}, a lower bound on the CISPO weight: not available here "
+            "(the weight is min(r, 1 + eps_clip_high)); set it to 1.0",
+        )
+    elif low is not MISSING:
+        layer.inert(block + "cispo_eps_clip_low", "no lower bound on the CISPO weight, as here")
+    if anchor not in (MISSING, "old"):
+        layer.refuse(
+            block + "cispo_anchor",
+            f"is {anchor!r}: a CISPO ratio to the rollout logprobs is not available here; set it to old",
+        )
+    elif anchor is not MISSING:
+        layer.inert(block + "cispo_anchor", "the ratio to the old policy, as here")
+
+
+RULES = (
+    megatron_kwargs,
+    intervals,
+    resume,
+    environment,
+    losses,
+    weight_sync,
+    must_match,
+    expert_tensor_parallel,
+    checkpoints,
+    truncated_importance_sampling,
+    cispo,
+)

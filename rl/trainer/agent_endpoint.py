@@ -1,0 +1,318 @@
+"""The OpenAI-compatible endpoint over the generation engines (`generator.enable_http_endpoint`).
+
+A FastAPI app served by uvicorn on a thread of the driver. Each episode has a base URL of its own,
+`http://host:port/episodes/<id>/v1`, under which `/chat/completions`, `/completions` and `/models` answer as the
+OpenAI API does (no streaming, one choice per request), so agent code written against the `openai` client needs
+only `base_url`. Every call is recorded token for token in its episode (`agent_records`).
+
+The calls of all episodes are gathered into batches (`CallBatcher`): one engine call serves every request waiting
+at that moment, flushed as soon as every open episode has one waiting, or after a short linger. The sampling
+distribution is the run's (generator.temperature / top_p / top_k for training, the evaluation settings for
+validation), whatever a request asks, since the trainer computes logprobs at the run's temperature; a request's
+`max_tokens` (at most generator.max_generate_length) and `stop` strings are honoured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from rl.core.generation.engine import SamplingParams
+from rl.trainer.agent_records import RecordedCall, chat_prompt, completion_prompt, message_pairs
+
+LINGER_S = 0.05
+
+
+class EndpointError(Exception):
+    """A request the endpoint refuses: its HTTP status and an OpenAI-style error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": str(self), "type": self.code, "param": self.param, "code": self.code}}
+
+
+@dataclasses.dataclass
+class _Episode:
+    calls: list[RecordedCall] = dataclasses.field(default_factory=list)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+class CallBatcher:
+    """Gathers the requests of all open episodes into batches for `generate`. The caller runs them (`take`, then
+    `run`) on its own thread, the driver's main one, where the engine's other calls run too."""
+
+    def __init__(self, open_count):
+        self.open_count = open_count
+        self.cond = threading.Condition()
+        self.waiting: list[tuple[list[int], SamplingParams, Future]] = []
+        self.generate = None
+        self.batches = 0
+        self.error: BaseException | None = None  # the engine's failure, for the trainer to raise as it is
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future:
+        future: Future = Future()
+        with self.cond:
+            self.waiting.append((prompt_ids, params, future))
+            self.cond.notify_all()
+        return future
+
+    def take(self, timeout_s: float) -> list[tuple[list[int], SamplingParams, Future]]:
+        """The requests waiting once every open episode has one waiting, or `LINGER_S` after the first arrived;
+        nothing when none arrives within `timeout_s`."""
+        with self.cond:
+            if not self.waiting:
+                self.cond.wait(timeout_s)
+            if not self.waiting:
+                return []
+            deadline = time.monotonic() + LINGER_S
+            while len(self.waiting) < self.open_count() and time.monotonic() < deadline:
+                self.cond.wait(max(deadline - time.monotonic(), 0.001))
+            taken, self.waiting = self.waiting, []
+            return taken
+
+    def run(self, taken: list[tuple[list[int], SamplingParams, Future]]) -> None:
+        """One engine call per distinct sampling setting; each request's future gets its rollout (or the error)."""
+        groups: dict[SamplingParams, list[int]] = {}
+        for position, (_, params, _) in enumerate(taken):
+            groups.setdefault(params, []).append(position)
+        for params, positions in groups.items():
+            self.batches += 1
+            seeded = params if params.seed is None else dataclasses.replace(params, seed=params.seed + self.batches)
+            try:
+                rollouts = self.generate([taken[p][0] for p in positions], seeded)
+                for position, rollout in zip(positions, rollouts, strict=True):
+                    taken[position][2].set_result(rollout)
+            except Exception as error:
+                self.error = self.error or error
+                for position in positions:
+                    if not taken[position][2].done():
+                        taken[position][2].set_exception(error)
+
+    def serve_forever(self) -> None:
+        """Runs batches as they come, for a caller without a loop of its own (a test's thread)."""
+        while True:
+            taken = self.take(1.0)
+            if taken:
+                self.run(taken)
+
+
+class AgentEndpoint:
+    """The server, the open episodes and what their calls recorded. `run_generation` sets what serves the calls
+    (a `GenerationEngine.generate`-like function), the sampling settings, the policy version and the context
+    limit for the episodes opened until the next `run_generation`."""
+
+    def __init__(self, tokenizer, model_name: str, host: str, port: int, max_context_tokens: int,
+                 max_new_tokens: int):
+        self.tokenizer, self.model_name, self.host = tokenizer, model_name, host
+        self.max_context_tokens, self.max_new_tokens = max_context_tokens, max_new_tokens
+        self.names = {model_name, model_name.rstrip("/").rsplit("/", 1)[-1]}
+        self.episodes: dict[str, _Episode] = {}
+        self.lock = threading.Lock()
+        self.params: SamplingParams | None = None
+        self.version = 0
+        self.batcher = CallBatcher(lambda: len(self.episodes))  # run by `AgentEpisodes` on the main thread
+        self.sock = _bind(host, port)
+        self.port = self.sock.getsockname()[1]
+        self.server = None
+        self._serve()
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    def _serve(self) -> None:
+        import uvicorn
+
+        # keep-alive far past any wait between an agent's calls: a connection the server closes while the client
+        # reuses it fails that request; log_config=None leaves the process's logging as it is
+        config = uvicorn.Config(build_app(self), log_level="warning", access_log=False, lifespan="off",
+                                timeout_keep_alive=3600, log_config=None)
+        self.server = uvicorn.Server(config)
+        started = threading.Event()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            loop.call_soon(started.set)
+            loop.run_until_complete(self.server.serve(sockets=[self.sock]))
+
+        threading.Thread(target=serve, name="agent-endpoint", daemon=True).start()
+        started.wait(30)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+
+    def run_generation(self, generate, params: SamplingParams, version: int) -> None:
+        self.batcher.generate = generate
+        self.params = dataclasses.replace(params, n=1)
+        self.version = version
+
+    def open_episode(self) -> tuple[str, str]:
+        """(episode id, its base URL)."""
+        episode_id = uuid.uuid4().hex[:12]
+        with self.lock:
+            self.episodes[episode_id] = _Episode()
+        return episode_id, f"{self.url}/episodes/{episode_id}/v1"
+
+    def close_episode(self, episode_id: str) -> list[RecordedCall]:
+        """The episode's recorded calls; later calls to its URL are refused."""
+        with self.lock:
+            episode = self.episodes.pop(episode_id, None)
+        with self.batcher.cond:
+            self.batcher.cond.notify_all()  # one fewer episode to wait for
+        return [] if episode is None else episode.calls
+
+    def episode(self, episode_id: str) -> _Episode:
+        with self.lock:
+            episode = self.episodes.get(episode_id)
+        if episode is None:
+            raise EndpointError(404, f"no open episode {episode_id!r}: an episode's base URL works only while its "
+                                "agent runs", code="not_found_error")
+        return episode
+
+    def check_model(self, body: dict) -> None:
+        model = body.get("model")
+        if model is not None and model not in self.names:
+            raise EndpointError(404, f"the model {model!r} does not exist; this endpoint serves "
+                                f"{self.model_name!r} (GET /v1/models lists it)", "model", "model_not_found")
+
+    def sampling(self, body: dict) -> SamplingParams:
+        if self.params is None:
+            raise EndpointError(503, "no generation is running (the trainer is between steps)")
+        if body.get("stream"):
+            raise EndpointError(400, "streaming is not supported by this endpoint; leave 'stream' unset", "stream")
+        if body.get("n", 1) != 1:
+            raise EndpointError(400, f"n={body.get('n')} is not supported: one choice per request (call again for "
+                                "another sample)", "n")
+        changes: dict[str, Any] = {}
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        if limit is not None:
+            if not isinstance(limit, int) or limit < 1:
+                raise EndpointError(400, f"max_tokens must be an integer >= 1, got {limit!r}", "max_tokens")
+            changes["max_new_tokens"] = min(limit, self.params.max_new_tokens)
+        stop = body.get("stop")
+        if stop:
+            stop = [stop] if isinstance(stop, str) else list(stop)
+            changes["stop"] = tuple(dict.fromkeys([*self.params.stop, *stop]))
+        return dataclasses.replace(self.params, **changes)
+
+    async def complete(self, episode_id: str, body: dict, chat: bool) -> tuple[RecordedCall, SamplingParams]:
+        """Builds the call's prompt from the episode's tokens, runs it, and records it."""
+        episode = self.episode(episode_id)
+        self.check_model(body)
+        params = self.sampling(body)
+        with episode.lock:
+            previous = episode.calls[-1] if episode.calls else None
+            try:
+                call = (chat_prompt(self.tokenizer, message_pairs(body.get("messages")), previous) if chat
+                        else completion_prompt(self.tokenizer, body.get("prompt"), previous))
+            except ValueError as error:
+                raise EndpointError(400, str(error), "messages" if chat else "prompt") from None
+        room = self.max_context_tokens - len(call.prompt_ids)
+        if room < 1:
+            raise EndpointError(400, f"the prompt has {len(call.prompt_ids)} tokens, leaving no room for a reply "
+                                f"within generator.max_input_length={self.max_context_tokens} tokens of context; "
+                                "shorten the conversation or raise generator.max_input_length",
+                                "messages" if chat else "prompt", "context_length_exceeded")
+        params = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, room))
+        version = self.version
+        rollout = await asyncio.wrap_future(self.batcher.submit(call.prompt_ids, params))
+        call.response_ids, call.logprobs = list(rollout.response_ids), list(rollout.rollout_logprobs)
+        call.finish_reason, call.version = rollout.finish_reason, version
+        call.text = self.tokenizer.decode(call.response_ids, skip_special_tokens=True)
+        with episode.lock:
+            episode.calls.append(call)
+        return call, params
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
+                                            "owned_by": "rl"}]}
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise ValueError(f"generator.http_endpoint_port: cannot listen on {host}:{port} ({error.strerror or error}); "
+                         "the port is in use or the address is not this machine's: pick another "
+                         "generator.http_endpoint_port (0 picks a free one) or generator.http_endpoint_host") from None
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def _usage(call: RecordedCall) -> dict:
+    return {"prompt_tokens": len(call.prompt_ids), "completion_tokens": len(call.response_ids),
+            "total_tokens": len(call.prompt_ids) + len(call.response_ids)}
+
+
+def _chat_logprobs(tokenizer, call: RecordedCall) -> dict:
+    return {"content": [{"token": tokenizer.decode([token]), "logprob": logprob, "bytes": None, "top_logprobs": []}
+                        for token, logprob in zip(call.response_ids, call.logprobs, strict=True)]}
+
+
+def build_app(endpoint: AgentEndpoint) -> FastAPI:
+    app = FastAPI(title="rl agent endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(EndpointError)
+    async def refused(request: Request, error: EndpointError):
+        return JSONResponse(error.body(), status_code=error.status)
+
+    async def body_of(request: Request) -> dict:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise EndpointError(400, "the request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise EndpointError(400, "the request body must be a JSON object")
+        return body
+
+    @app.get("/v1/models")
+    @app.get("/episodes/{episode_id}/v1/models")
+    async def models(episode_id: str | None = None):
+        if episode_id is not None:
+            endpoint.episode(episode_id)
+        return endpoint.models()
+
+    @app.post("/episodes/{episode_id}/v1/chat/completions")
+    async def chat(episode_id: str, request: Request):
+        body = await body_of(request)
+        call, _ = await endpoint.complete(episode_id, body, chat=True)
+        choice = {"index": 0, "message": {"role": "assistant", "content": call.text},
+                  "finish_reason": call.finish_reason,
+                  "logprobs": _chat_logprobs(endpoint.tokenizer, call) if body.get("logprobs") else None}
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": endpoint.model_name, "choices": [choice], "usage": _usage(call)}
+
+    @app.post("/episodes/{episode_id}/v1/completions")
+    async def completions(episode_id: str, request: Request):
+        body = await body_of(request)
+        call, _ = await endpoint.complete(episode_id, body, chat=False)
+        logprobs = None
+        if body.get("logprobs") is not None:
+            tokens = [endpoint.tokenizer.decode([t]) for t in call.response_ids]
+            logprobs = {"tokens": tokens, "token_logprobs": call.logprobs, "top_logprobs": None,
+                        "text_offset": None}
+        choice = {"index": 0, "text": call.text, "finish_reason": call.finish_reason, "logprobs": logprobs}
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": endpoint.model_name, "choices": [choice], "usage": _usage(call)}
+
+    return app

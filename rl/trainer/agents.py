@@ -1,0 +1,226 @@
+"""Agents as user code (`environment.agent_fn`): an `async def run(base_url, row)` plays each episode against the
+policy through the OpenAI-compatible endpoint (`agent_endpoint`) and returns its reward; the calls it made become
+the episode's trajectories (`agent_records`), which train as multi-turn episodes do (the loss on sampled tokens
+only).
+
+Held to the standard of reward functions and environments: the function is checked before anything starts (it
+imports, is async, takes two arguments), the episodes of a batch run side by side as coroutines of one event loop
+(so each turn's calls reach the engine together), each within environment.agent_timeout_s, and an agent that
+raises, hangs, returns no number or a non-finite one is named with its row; data.reward_on_error says whether that
+ends the run (`fail`) or scores the episode 0 (`zero`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rl.core.data.records import PromptRecord
+from rl.core.user_code import UserExit, exit_text, exits_as_errors, load_object
+from rl.trainer.agent_records import AgentTrajectory, trajectories_of
+from rl.trainer.env_calls import EpisodeError
+from rl.trainer.rewarding import SHOWN_ERRORS, describe_row
+
+KEY = "environment.agent_fn"
+SIGNATURE = "async def run(base_url: str, row: dict) -> float | dict"
+
+
+def load_agent(reference: str) -> Callable:
+    """The agent function `reference` names, checked: async, callable with (base_url, row). Errors name the key."""
+    agent = load_object(reference, KEY)
+    if not inspect.iscoroutinefunction(agent):
+        kind = "a class" if inspect.isclass(agent) else f"{type(agent).__name__} {getattr(agent, '__name__', '')}"
+        raise ValueError(f"{KEY}: '{reference}' is {kind.strip()}, not an async function; define it as "
+                         f"`{SIGNATURE}`")
+    try:
+        inspect.signature(agent).bind("http://base/v1", {})
+    except TypeError as error:
+        raise ValueError(f"{KEY}: '{reference}' cannot be called as run(base_url, row): {error}; define it as "
+                         f"`{SIGNATURE}`") from None
+    return agent
+
+
+def agent_problems(cfg) -> list[str]:
+    """Preflight: the agent function loads and has the right shape."""
+    if cfg.environment.agent_fn is None:
+        return []
+    try:
+        load_agent(cfg.environment.agent_fn)
+    except ValueError as error:
+        return [str(error)]
+    return []
+
+
+def row_of(record: PromptRecord) -> dict[str, Any]:
+    """The data row as the agent gets it: its other columns, then prompt (text, or a list of chat messages),
+    answer, data_source and index."""
+    prompt = record.prompt if isinstance(record.prompt, str) else record.messages()
+    return {**dict(record.fields), "prompt": prompt, "answer": record.answer, "data_source": record.data_source,
+            "index": record.index}
+
+
+def episode_reward(value: Any) -> tuple[float, dict[str, float]]:
+    """(reward, extra numbers) from what an agent returned; ValueError saying what is wrong."""
+    extra: dict[str, float] = {}
+    if isinstance(value, dict):
+        key = "reward" if "reward" in value else "score" if "score" in value else None
+        if key is None:
+            raise ValueError(f"returned a dict without 'reward' (keys: {sorted(value)})")
+        for name, number in value.items():
+            if name != key:
+                if isinstance(number, bool) or not isinstance(number, int | float):
+                    raise ValueError(f"returned {name}={number!r}; extra entries must be numbers")
+                extra[name] = float(number)
+        value = value[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"returned {value!r:.80} ({type(value).__name__}); return a number or "
+                         "{'reward': number, ...}")
+    if not math.isfinite(value):
+        raise ValueError(f"returned the reward {value}; rewards must be finite numbers")
+    return float(value), extra
+
+
+class AgentEpisodes:
+    """The run's agent side: the endpoint, the agent function, and `Episodes`' interface (`run`, `rewards`) so
+    the loop treats agent episodes as it treats an environment's."""
+
+    def __init__(self, agent: Callable, endpoint, reference: str, on_error: str = "fail",
+                 timeout_s: float | None = None):
+        self.agent, self.endpoint, self.reference = agent, endpoint, reference
+        self.on_error, self.timeout_s = on_error, timeout_s
+        self.version = 0
+        self.batches = 0
+
+    @classmethod
+    def from_config(cls, cfg, tokenizer, model_path: str) -> AgentEpisodes:
+        from rl.trainer.agent_endpoint import AgentEndpoint
+        from rl.trainer.episodes import context_limit
+
+        env, gen = cfg.environment, cfg.generator
+        agent = load_agent(env.agent_fn)
+        endpoint = AgentEndpoint(tokenizer, cfg.trainer.policy.model.path, gen.http_endpoint_host,
+                                 gen.http_endpoint_port, context_limit(cfg, model_path), gen.max_generate_length)
+        for name in ("httpx", "openai"):  # one line per request otherwise, for every episode's every call
+            logging.getLogger(name).setLevel(logging.WARNING)
+        print(f"agent endpoint: {endpoint.url}/v1 (episodes at {endpoint.url}/episodes/<id>/v1)", flush=True)
+        return cls(agent, endpoint, env.agent_fn, cfg.data.reward_on_error, env.agent_timeout_s)
+
+    def weights_updated(self, version: int) -> None:
+        """The policy version of the engines' weights from now on."""
+        self.version = version
+
+    def close(self) -> None:
+        self.endpoint.close()
+
+    def run(self, generate, records, prompts: list[list[int]], params) -> list[AgentTrajectory]:
+        """`params.n` agent episodes per record, side by side; their trajectories, prompt-major. `prompts` (the
+        encoded prompts) are not used: an agent writes its own requests."""
+        self.endpoint.run_generation(generate, params, self.version)
+        self.batches += 1
+        jobs = [(p, s) for p in range(len(records)) for s in range(params.n)]
+        try:
+            results = asyncio.run(self._play_all(records, jobs))
+        finally:
+            engine_error, self.endpoint.batcher.error = self.endpoint.batcher.error, None
+            if engine_error is not None:  # the engine failed, not the agents that saw its 500s
+                raise engine_error
+        trajectories: list[AgentTrajectory] = []
+        failures = []
+        for episode, ((p, s), (calls, reward, extra, error)) in enumerate(zip(jobs, results, strict=True)):
+            if error:
+                failures.append(error)
+            made = trajectories_of(calls, p, s, episode)
+            for trajectory in made:
+                trajectory.reward, trajectory.metrics, trajectory.error = reward, extra, error
+                if error:
+                    trajectory.finish_reason = "error"
+            trajectories.extend(made)
+        self._report(failures, len(jobs))
+        if not trajectories:
+            raise EpisodeError(f"{KEY}={self.reference}: no agent episode of this batch called the endpoint, so "
+                               "there is nothing to train on; the agent must send its requests to the base_url it "
+                               "is given")
+        return trajectories
+
+    async def _play_all(self, records, jobs) -> list[tuple[list, float, dict, str]]:
+        """Every episode at once (their calls of a turn then go to the engine together); the engine calls run here,
+        on this thread, while the agents wait for their replies."""
+        batcher = self.endpoint.batcher
+        episodes = asyncio.gather(*(self._play(records[p], s) for p, s in jobs))
+        while not episodes.done():
+            taken = await asyncio.to_thread(batcher.take, 0.1)
+            if taken:
+                batcher.run(taken)
+        return await episodes
+
+    async def _play(self, record: PromptRecord, sample: int) -> tuple[list, float, dict, str]:
+        """(the episode's recorded calls, its reward, extra numbers, what failed or "")."""
+        episode_id, base_url = self.endpoint.open_episode()
+        try:
+            reward, extra, problem = await self._call_agent(base_url, record, sample)
+        finally:
+            calls = self.endpoint.close_episode(episode_id)
+        if not problem:
+            return calls, reward, extra, ""
+        line = f"{KEY}={self.reference} on {describe_row(record)} (sample {sample}) {problem}"
+        if self.on_error == "fail":
+            raise EpisodeError(f"{line} (or set data.reward_on_error=zero to score such episodes 0 and go on)")
+        return calls, 0.0, {}, line
+
+    async def _call_agent(self, base_url: str, record: PromptRecord, sample: int) -> tuple[float, dict, str]:
+        """(reward, extra numbers, "") or (0, {}, what went wrong)."""
+        try:
+            with exits_as_errors():
+                value = await asyncio.wait_for(self.agent(base_url, row_of(record)), self.timeout_s)
+            reward, extra = episode_reward(value)
+            return reward, extra, ""
+        except UserExit as error:  # trying to end the process ends the run, whatever data.reward_on_error says
+            raise EpisodeError(f"{KEY}={self.reference} on {describe_row(record)} (sample {sample}): "
+                               f"{error}") from None
+        except TimeoutError:
+            return 0.0, {}, (f"did not finish within environment.agent_timeout_s={self.timeout_s} s; make the "
+                             "agent faster or raise environment.agent_timeout_s")
+        except ValueError as error:
+            return 0.0, {}, str(error)
+        except Exception as error:
+            return 0.0, {}, f"raised {exit_text(error)}"
+
+    @staticmethod
+    def _report(failures: list[str], count: int) -> None:
+        if failures and len(failures) == count:
+            raise EpisodeError(f"all {count} agent episodes of this batch failed, the first: {failures[0]}; "
+                               "data.reward_on_error=zero scores a failed episode 0, but a batch with no working "
+                               "episode has nothing to train on: fix the agent")
+        for line in failures[:SHOWN_ERRORS]:
+            print(f"warning: {line}; scored 0 (data.reward_on_error=zero)", flush=True)
+
+    @staticmethod
+    def rewards(trajectories: list[AgentTrajectory]) -> tuple[Tensor, dict[str, float]]:
+        """[B] rewards (an episode's reward on each of its trajectories), and the means of the calls per
+        trajectory, of each way they finished (finish/<reason>) and of the agents' extra numbers (agent/<name>);
+        trajectories_per_episode, policy_version (the newest that sampled a token), and reward_errors (failed
+        episodes, data.reward_on_error=zero)."""
+        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+        sums: dict[str, float] = defaultdict(float)
+        for t in trajectories:
+            sums["turns_mean"] += t.calls
+            sums[f"finish/{t.finish_reason}"] += 1
+            for name, value in t.metrics.items():
+                sums[f"agent/{name}"] += float(value)
+        count = max(len(trajectories), 1)
+        means = {name: value / count for name, value in sums.items()}
+        episodes = {(t.prompt_index, t.sample_index) for t in trajectories}
+        means["trajectories_per_episode"] = len(trajectories) / max(len(episodes), 1)
+        versions = [v for t in trajectories for v in t.versions if v >= 0]
+        if versions:  # the newest policy version that sampled a token of this batch
+            means["policy_version"] = float(max(versions))
+        means["reward_errors"] = float(len({(t.prompt_index, t.sample_index) for t in trajectories if t.error}))
+        return rewards, means

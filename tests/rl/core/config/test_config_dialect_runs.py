@@ -1,0 +1,90 @@
+"""Other projects' configs through the launcher, 2 steps on the tiny job: SkyRL's quickstart as `key=value`
+arguments (the tiny job's sizes appended, as a SkyRL user passes extra arguments to the script), and NeMo RL's 1B
+megatron recipe as a `--config` file that inherits it with the model and data pointed at the tiny job. One run per
+path: overrides in SkyRL's spelling, and a NeMo RL file with `defaults:` and `${...}`."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+import yaml
+
+import rl.backends.registry  # noqa: F401  (the strategies' blocks are keys of ours)
+from rl.core.config.keys import all_keys
+from rl.trainer.metrics import read_metrics
+from tests.rl.core.config.upstream_configs import NEMO_1B_MEGATRON, skyrl_args
+from tests.testing.tiny_job import make_tiny_job, run_train
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    return make_tiny_job(str(tmp_path_factory.mktemp("job")))
+
+
+def _saved(run_dir: str) -> dict:
+    with open(os.path.join(run_dir, "config.yaml"), encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def _only_our_keys(tree: dict, prefix: str = "") -> None:
+    ours = set(all_keys())
+    for name, value in tree.items():
+        key = prefix + name
+        assert key in ours, f"{key} in config.yaml is not a key of ours"
+        if isinstance(value, dict) and not key.endswith(("kwargs", "env_options", "deepspeed_config.train")):
+            _only_our_keys(value, key + ".")
+
+
+def _trained_two_steps(result, run_dir: str) -> None:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    steps = [row["step"] for row in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if row.get("step")]
+    assert steps[-1] == 2
+
+
+def test_skyrl_quickstart_trains(job, tmp_path):
+    script = skyrl_args(
+        "gsm8k",
+        DATA_DIR=os.path.dirname(job.train_data),
+        NUM_GPUS="1",
+        LOGGER="console",
+        INFERENCE_BACKEND="hf",
+        HOME=str(tmp_path),
+    )
+    run_dir = str(tmp_path / "run")
+    result = run_train(run_dir, [*script, *job.overrides(steps=2)])
+    _trained_two_steps(result, run_dir)
+    output = result.stdout + result.stderr
+    assert "SkyRL keys read as ours" in output and "trainer.strategy=fsdp is FSDP1" in output
+    saved = _saved(run_dir)
+    _only_our_keys(saved)
+    assert saved["data"]["reward_fn"] == ["gsm8k"] and saved["environment"]["env_class"] is None
+    assert (saved["trainer"]["strategy"], saved["trainer"]["resume_mode"]) == ("fsdp", "none")
+    assert saved["generator"]["weight_sync_backend"] is None and saved["generator"]["max_prompt_length"] == 512
+
+
+def test_nemo_1b_megatron_trains(job, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        textwrap.dedent(f"""\
+        defaults: {NEMO_1B_MEGATRON}
+        policy:
+          model_name: {job.model_path}
+          generation: {{backend: hf}}
+        data:
+          train: {{data_path: {job.train_data}}}
+          validation: {{data_path: {job.val_data}}}
+          default: {{prompt_file: null}}
+        """),
+        encoding="utf-8",
+    )
+    run_dir = str(tmp_path / "run")
+    result = run_train(run_dir, [f"--config={config}", *job.overrides(steps=2)])
+    _trained_two_steps(result, run_dir)
+    assert "NeMo RL keys read as ours" in result.stdout + result.stderr
+    saved = _saved(run_dir)
+    _only_our_keys(saved)
+    assert saved["trainer"]["strategy"] == "megatron"
+    assert saved["trainer"]["policy"]["optimizer_config"]["lr_warmup_steps"] == 13
+    assert saved["trainer"]["bf16"] is True and saved["data"]["reward_fn"] == ["gsm8k_flexible"]

@@ -1,0 +1,106 @@
+"""SFT and preference rows through the embedded tokenizer's chat template: the loss mask covers exactly the
+assistant turns' tokens (checked against the template's text written out here), and bad rows are refused with a
+`DataError` naming the row and the key that fixes it. The `sft:` / `dpo:` blocks are read with SkyRL's and NeMo RL's
+names."""
+
+import json
+
+import pytest
+
+from rl.core.config.errors import ConfigError
+from rl.core.config.supervised import DpoConfig, SftConfig, split_overrides
+from rl.core.data.errors import DataError
+from rl.core.data.readers import RawRow
+from rl.core.data.supervised import SupervisedDataSpec, load_sft_examples, preference_pair, sft_example
+from rl.tasks.embedded.tokenizer import build_tokenizer
+
+TOKENIZER = build_tokenizer()
+SPEC = SupervisedDataSpec()
+
+
+def _row(**values):
+    return RawRow("data.jsonl line 3", values)
+
+
+def _decoded(ids, mask, keep=True):
+    return "".join(TOKENIZER.convert_ids_to_tokens([i for i, m in zip(ids, mask, strict=True) if m == keep]))
+
+
+def test_loss_mask_covers_every_assistant_turn_and_its_end_token():
+    messages = [{"role": "system", "content": "Answer"}, {"role": "user", "content": "What is 1 + 2?"},
+                {"role": "assistant", "content": "3"}, {"role": "user", "content": "What is 2 + 2?"},
+                {"role": "assistant", "content": "4 #### 4"}]
+    example = sft_example(TOKENIZER, _row(messages=messages), SPEC)
+    ids, mask = example["input_ids"].tolist(), example["loss_mask"].tolist()
+    # the template: <|bos|> then <|role|>content<|end|> per message
+    assert _decoded(ids, mask) == "3<|end|>4 #### 4<|end|>"
+    assert not mask[0]
+
+
+def test_prompt_response_rows_and_a_list_prompt():
+    plain = sft_example(TOKENIZER, _row(prompt="What is 1 + 2?", response="3"), SPEC)
+    chat = sft_example(TOKENIZER, _row(prompt=[{"role": "user", "content": "What is 1 + 2?"}], response="3"), SPEC)
+    assert plain["input_ids"].tolist() == chat["input_ids"].tolist()
+    assert _decoded(plain["input_ids"].tolist(), plain["loss_mask"].tolist()) == "3<|end|>"
+
+
+@pytest.mark.parametrize(("values", "needle"), [
+    ({"messages": [{"role": "user", "content": "What is 1 + 2?"}]}, "no assistant turn"),
+    ({"messages": [{"role": "robot", "content": "3"}]}, "unknown role 'robot'"),
+    ({"question": "What is 1 + 2?"}, "sft.messages_key"),
+])
+def test_bad_sft_rows_are_refused_by_name(values, needle):
+    with pytest.raises(DataError, match=r"data\.jsonl line 3") as error:
+        sft_example(TOKENIZER, _row(**values), SPEC)
+    assert needle in str(error.value)
+
+
+def test_a_long_conversation_is_refused_or_cut_as_the_key_says():
+    row = _row(prompt="What is 1 + 2?", response="1 2 3 4 5 6 7 8 9")
+    full = sft_example(TOKENIZER, row, SPEC)["input_ids"].numel()
+    with pytest.raises(DataError, match=r"more than sft.max_length=18; raise sft.max_length, or set sft.truncate"):
+        sft_example(TOKENIZER, row, SupervisedDataSpec(max_length=18))
+    cut = sft_example(TOKENIZER, row, SupervisedDataSpec(max_length=18, truncate=True))
+    assert cut["input_ids"].numel() == 18 < full and bool(cut["loss_mask"].any())
+    with pytest.raises(DataError, match="keeps no assistant token"):
+        sft_example(TOKENIZER, row, SupervisedDataSpec(max_length=10, truncate=True))
+
+
+def test_preference_pairs_and_identical_responses():
+    spec = SupervisedDataSpec(section="dpo")
+    chosen, rejected = preference_pair(TOKENIZER, _row(prompt="What is 5 + 5?", chosen="10", rejected="0"), spec)
+    assert _decoded(chosen["input_ids"].tolist(), chosen["loss_mask"].tolist()) == "10<|end|>"
+    assert _decoded(rejected["input_ids"].tolist(), rejected["loss_mask"].tolist()) == "0<|end|>"
+    assert chosen["input_ids"][:5].tolist() == rejected["input_ids"][:5].tolist()
+    with pytest.raises(DataError, match="chosen and rejected responses are identical"):
+        preference_pair(TOKENIZER, _row(prompt="What is 5 + 5?", chosen="10", rejected="10"), spec)
+    with pytest.raises(DataError, match=r"set dpo\.rejected_key"):
+        preference_pair(TOKENIZER, _row(prompt="What is 5 + 5?", chosen="10"), spec)
+
+
+def test_files_are_read_with_the_row_named(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "What is 1 + 2?"},
+                                             {"role": "assistant", "content": "3"}]}) + "\n"
+                    + json.dumps({"messages": [{"role": "user", "content": "What is 1 + 2?"}]}) + "\n")
+    with pytest.raises(DataError, match=r"bad.jsonl line 2: the conversation has no assistant turn"):
+        load_sft_examples(TOKENIZER, [path], SPEC)
+
+
+def test_blocks_take_skyrl_and_nemo_rl_names(tmp_path):
+    block, rest, _ = split_overrides("sft", ["sft.messages_key=conversation", "sft.num_steps=7", "sft.batch_size=16",
+                                             "trainer.seed=3"], None)
+    assert block == SftConfig(messages_key="conversation")
+    assert sorted(rest) == ["trainer.max_steps=7", "trainer.seed=3", "trainer.train_batch_size=16"]
+    config = tmp_path / "dpo.yaml"
+    config.write_text("dpo:\n  reference_policy_kl_penalty: 0.05\n  preference_loss: dpo\n  sft_loss_weight: 0.1\n"
+                      "trainer:\n  seed: 5\n")
+    block, rest, remaining = split_overrides("dpo", ["dpo.loss_type=ipo"], str(config))
+    assert block == DpoConfig(beta=0.05, loss_type="ipo", sft_loss_weight=0.1)
+    with open(remaining) as f:
+        text = f.read()
+    assert "dpo" not in text and "seed: 5" in text
+    with pytest.raises(ConfigError, match=r"dpo\.lr: unknown key"):
+        split_overrides("dpo", ["dpo.lr=1"], None)
+    with pytest.raises(ConfigError, match=r"dpo\.loss_type"):
+        split_overrides("dpo", ["dpo.loss_type=hinge"], None)

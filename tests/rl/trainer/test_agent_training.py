@@ -1,0 +1,44 @@
+"""Agent training through the launcher: the example agent (`examples/agents/arith_agent.py`, the `openai` client
+over HTTP on localhost) plays the embedded task over two turns through the endpoint, and the policy learns as it
+does in the `arith_retry` environment; a bad agent is refused before anything starts."""
+
+import pytest
+
+from rl.trainer.metrics import read_metrics
+from tests.testing.launcher import launch_refused
+from tests.testing.tiny_job import run_train
+
+STEPS = 12
+AGENT = ["environment.agent_fn=examples/agents/arith_agent.py:run", "generator.enable_http_endpoint=true",
+         "generator.http_endpoint_port=0", "generator.max_turns=2"]
+
+
+def test_the_example_agent_learns_the_embedded_task(tmp_path):
+    run_dir = str(tmp_path / "run")
+    result = run_train(run_dir, [*AGENT, f"trainer.max_steps={STEPS}", f"trainer.eval_interval={STEPS}",
+                                 "trainer.ckpt_interval=0"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "agent endpoint: http://127.0.0.1:" in result.stdout
+    rows = read_metrics(f"{run_dir}/metrics.jsonl")
+    val = {r["step"]: r["val_accuracy"] for r in rows if "val_accuracy" in r}
+    train = [r for r in rows if r["step"] >= 1]
+    assert val[STEPS] > val[0] + 0.3, val  # arith_retry's curve on the same job: about 0.22 -> 0.9 by step 12
+    for row in train:
+        # the agent's calls extend each other, so one trajectory per episode, sampled by the step's policy
+        assert row["trajectories_per_episode"] == 1.0 and row["policy_version"] == row["step"] - 1
+        assert 1.0 <= row["agent/attempts"] <= 2.0 and row["turns_mean"] == row["agent/attempts"]
+        assert row["reward_mean"] <= row["agent/solved"] + 1e-6  # a second-attempt solve earns 0.5
+    assert train[-1]["agent/solved"] > train[0]["agent/solved"]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["environment.agent_fn=examples/agents/arith_agent.py:nope", "generator.enable_http_endpoint=true"],
+     "environment.agent_fn: examples/agents/arith_agent.py has no 'nope'"),
+    (["environment.agent_fn=examples/agents/arith_agent.py:run"],
+     "environment.agent_fn: plays its episodes through the OpenAI-compatible endpoint; set "
+     "generator.enable_http_endpoint=true"),
+    (["generator.enable_http_endpoint=true"], "generator.enable_http_endpoint: is true, but environment.agent_fn"),
+])
+def test_bad_agents_are_refused_before_anything_starts(tmp_path, capsys, overrides, message):
+    printed = launch_refused(str(tmp_path / "run"), overrides, capsys)
+    assert message in printed, printed
