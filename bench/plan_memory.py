@@ -11,7 +11,7 @@ with glibc's mmap threshold fixed at 128 KiB (freed tensors leave the resident s
 - `step`: growth of the peak resident set (VmHWM, reset once built) over the two steps: gradients, optimizer state,
   gathered copies, activations, logits;
 - `params` and `optimizer`: bytes of the parameters' and the optimizer state's tensors, counted.
-Predicted: `rl.core.planner` for the same shape, tokens and layout in fp32 without the GPU runtime allowance: the
+Predicted: `rl.backends.planner` for the same shape, tokens and layout in fp32 without the GPU runtime allowance: the
 larger of its `train` and `optimizer` phases, split the same way (what exists once built: weights, DeepSpeed's fp32
 master partition, ZeRO-3's gradient partition, megatron's gradient buffers; the rest grows in the step). The table is
 in bench/README.md.
@@ -143,8 +143,8 @@ def run_child(args) -> dict:
 
 def predicted(name: str, model: str, tokens: int) -> dict:
     """The planner's figures for a variant, in MiB: (built, step) growth and the params / optimizer terms."""
-    from rl.core.planner import Knobs, Layout, PlanInputs, estimate, shape_from_config
-    from rl.core.planner.state import counts, model_state
+    from rl.backends.planner import Knobs, Layout, PlanInputs, estimate, shape_from_config
+    from rl.backends.planner.state import counts, model_state
 
     strategy, world, options, extras = VARIANTS[name]
     shape = shape_from_config({**SHAPES[model], "model_type": "qwen2"})

@@ -8,7 +8,7 @@ the critic, the colocated engine and the runtime allowance; the peak and its pha
 excluded. The configured layout is marked `*`. `--strategy=S` sets trainer.strategy=S (as the training launcher's
 flag does) and shows S's layouts only; `--strategy=auto` runs `trainer.strategy=auto` and says what it chose. GPU
 memory: `trainer.placement.gpu_memory_gb`, else this machine's first GPU. The formulas and their sources:
-rl/core/planner/terms.py.
+rl/backends/planner/terms.py.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import sys
 
 from absl import flags
 
+from rl.backends.planner import AUTO, STRATEGY_ORDER, configured, plan, render
+from rl.backends.planner.terms import GIB
 from rl.backends.registry import STRATEGIES
 from rl.core.config import ConfigError, load_config
-from rl.core.planner import AUTO, STRATEGY_ORDER, configured, plan, render
-from rl.core.planner.terms import GIB
 from rl.trainer.memory_plan import gpu_memory, plan_inputs, resolve_auto
 
 PLAN_FLAGS = flags.FlagValues()  # its own flags: the training launcher defines the same names
@@ -79,7 +79,7 @@ def main(argv: list[str]) -> int:
     rows = [current] + [e for _, e in plan(cfg, inputs, shown) if e.knobs != current.knobs]
     print(render(rows, inputs.gpu_bytes, mark=current))
     print("GiB per GPU; * = the configured layout; phases: train, critic, logprobs (forward-only passes), generate "
-          "(colocated engine). Formulas and sources: rl/core/planner/terms.py")
+          "(colocated engine). Formulas and sources: rl/backends/planner/terms.py")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""What the memory planner (rl.core.planner, pure) needs from this machine, and what the launchers and preflight ask
+"""What the memory planner (rl.backends.planner, pure) needs from this machine, and what the launchers and preflight ask
 of it: a model's config.json (a local directory, the Hugging Face cache, or the embedded model's, built in code),
 the memory of one GPU (`trainer.placement.gpu_memory_gb`, else this machine's first GPU), `trainer.strategy=auto`
 for the config loader, and the refusal of a layout predicted not to fit."""
@@ -9,8 +9,7 @@ import json
 import os
 from typing import Any
 
-from rl.core.config import config_from_dict
-from rl.core.planner import (
+from rl.backends.planner import (
     Estimate,
     PlanInputs,
     ShapeError,
@@ -20,8 +19,9 @@ from rl.core.planner import (
     resolve_tree,
     shape_from_config,
 )
-from rl.core.planner.table import breakdown, gib
-from rl.core.planner.terms import GIB
+from rl.backends.planner.table import breakdown, gib
+from rl.backends.planner.terms import GIB
+from rl.core.config import config_from_dict
 from rl.trainer.sources import EMBEDDED, EMBEDDED_TEACHER
 
 ESCAPE = "trainer.placement.allow_predicted_oom"
@@ -91,7 +91,7 @@ def plan_inputs(cfg, gpu_bytes: float | None = None) -> PlanInputs | None:
 
 
 def resolve_auto(tree: dict[str, Any]) -> dict[str, Any]:
-    """`load_config(auto=...)`: the keys `trainer.strategy=auto` sets (rl.core.planner.auto.resolve_tree)."""
+    """`load_config(auto=...)`: the keys `trainer.strategy=auto` sets (rl.backends.planner.auto.resolve_tree)."""
     settings, _ = resolve_tree(tree, lambda data: config_from_dict(data, validate=False), plan_inputs)
     return settings
 

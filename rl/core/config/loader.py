@@ -72,7 +72,7 @@ def _resolve_auto(tree: dict[str, Any], auto, problems: Problems, report: Report
             "auto is resolved by the launchers (rl.launch.train, rl.launch.plan), which "
             "ask the memory planner; name a strategy here",
         )
-        set_key(tree, "trainer.strategy", "fsdp2", problems)
+        set_key(tree, "trainer.strategy", default_tree()["trainer"]["strategy"], problems)
         return
     for key, value in auto(tree).items():
         set_key(tree, key, value, problems)

@@ -269,7 +269,7 @@ class TrainerConfig:
 
     strategy: str
     """Training backend: `fsdp`, `fsdp2`, `deepspeed` or `megatron`, or `auto`: the memory planner picks the strategy
-    and its layout (the decision guide, then the cheapest layout predicted to fit; see `rl.core.planner.auto`). The
+    and its layout (the decision guide, then the cheapest layout predicted to fit; see `rl.backends.planner.auto`). The
     `--strategy` flag overrides it."""
 
     auto_choice: str | None

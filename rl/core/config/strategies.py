@@ -63,7 +63,7 @@ class StrategyConfig:
 
 STRATEGIES: Registry[StrategyConfig] = Registry("trainer.strategy")
 AUTO = "auto"
-"""`trainer.strategy=auto`: the memory planner picks a registered strategy and its layout (rl.core.planner.auto)."""
+"""`trainer.strategy=auto`: the memory planner picks a registered strategy and its layout (rl.backends.planner.auto)."""
 
 
 def register(strategy: StrategyConfig) -> StrategyConfig:

@@ -1,4 +1,4 @@
-"""Parameter counts of rl.core.planner.shape against the published totals of real models (their config.json values
+"""Parameter counts of rl.backends.planner.shape against the published totals of real models (their config.json values
 typed in) and against numel() of models transformers builds from small configs."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from rl.core.planner.shape import ShapeError, shape_from_config
+from rl.backends.planner.shape import ShapeError, shape_from_config
 from tests.testing.model_configs import PUBLISHED_TOTALS, QWEN25_05B, QWEN25_7B
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rl.core.planner.estimate import TERMS, Estimate
-from rl.core.planner.terms import GIB
+from rl.backends.planner.estimate import TERMS, Estimate
+from rl.backends.planner.terms import GIB
 
 
 def gib(value: float) -> str:

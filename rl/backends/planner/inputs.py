@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rl.core.planner.shape import ModelShape
-from rl.core.planner.terms import GIB, RUNTIME_BYTES
+from rl.backends.planner.shape import ModelShape
+from rl.backends.planner.terms import GIB, RUNTIME_BYTES
 
 ATTENTION_KERNELS = ("flash", "sdpa_varlen", "math")
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rl.core.planner.inputs import PlanInputs
-from rl.core.planner.layout import Knobs
-from rl.core.planner.shape import ModelShape
-from rl.core.planner.terms import ADAM_BYTES, GRAD_FP32, MASTER_BYTES, adam_bytes, weight_bytes
+from rl.backends.planner.inputs import PlanInputs
+from rl.backends.planner.layout import Knobs
+from rl.backends.planner.shape import ModelShape
+from rl.backends.planner.terms import ADAM_BYTES, GRAD_FP32, MASTER_BYTES, adam_bytes, weight_bytes
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,14 @@ config.json. Pure: documented formulas (terms.py, state.py, estimate.py), no dev
 - table.py: the table `rl/launch/plan` prints.
 """
 
+from rl.backends.planner.auto import Choice, choose, guide, resolve_tree
+from rl.backends.planner.candidates import STRATEGY_ORDER, configured, plan
+from rl.backends.planner.estimate import TERMS, Estimate, estimate
+from rl.backends.planner.inputs import EngineInputs, PlanInputs, inputs_from_config
+from rl.backends.planner.layout import Knobs, Layout, knobs_for
+from rl.backends.planner.shape import ModelShape, ShapeError, shape_from_config
+from rl.backends.planner.table import render
 from rl.core.config.strategies import AUTO
-from rl.core.planner.auto import Choice, choose, guide, resolve_tree
-from rl.core.planner.candidates import STRATEGY_ORDER, configured, plan
-from rl.core.planner.estimate import TERMS, Estimate, estimate
-from rl.core.planner.inputs import EngineInputs, PlanInputs, inputs_from_config
-from rl.core.planner.layout import Knobs, Layout, knobs_for
-from rl.core.planner.shape import ModelShape, ShapeError, shape_from_config
-from rl.core.planner.table import render
 
 __all__ = [
     "AUTO",

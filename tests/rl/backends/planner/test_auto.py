@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 import rl.backends.registry  # noqa: F401  (registers the strategies a config needs)
+from rl.backends.planner import choose, guide, inputs_from_config, resolve_tree, shape_from_config
+from rl.backends.planner.terms import GIB
 from rl.core.config import config_from_dict, config_to_dict, load_config
-from rl.core.planner import choose, guide, inputs_from_config, resolve_tree, shape_from_config
-from rl.core.planner.terms import GIB
 from tests.testing.model_configs import LLAMA2_70B, MIXTRAL_8X7B, QWEN25_05B, QWEN25_7B, write_config_dir
 
 QWEN25_14B = {"model_type": "qwen2", "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 48,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rl.core.planner import EngineInputs, Knobs, Layout, PlanInputs, estimate, shape_from_config
-from rl.core.planner.terms import GIB
+from rl.backends.planner import EngineInputs, Knobs, Layout, PlanInputs, estimate, shape_from_config
+from rl.backends.planner.terms import GIB
 from tests.testing.model_configs import QWEN25_05B
 
 SHAPE = shape_from_config(QWEN25_05B)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rl.core.planner.estimate import Estimate, estimate
-from rl.core.planner.inputs import PlanInputs
-from rl.core.planner.layout import (
+from rl.backends.planner.estimate import Estimate, estimate
+from rl.backends.planner.inputs import PlanInputs
+from rl.backends.planner.layout import (
     CHECKPOINTING,
     CRITIC_FSDP_BLOCK,
     DS_TRAIN,

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rl.core.planner import terms
-from rl.core.planner.inputs import PlanInputs
-from rl.core.planner.layout import Knobs, Layout
-from rl.core.planner.shape import ModelShape
-from rl.core.planner.state import Counts, ModelState, counts, model_state
+import rl.backends.planner.terms as terms
+from rl.backends.planner.inputs import PlanInputs
+from rl.backends.planner.layout import Knobs, Layout
+from rl.backends.planner.shape import ModelShape
+from rl.backends.planner.state import Counts, ModelState, counts, model_state
 
 TERMS = ("params", "grads", "optimizer", "gathered", "activations", "logits", "ref", "critic", "engine", "runtime")
 

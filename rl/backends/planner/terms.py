@@ -25,7 +25,7 @@ Sources:
 
 from __future__ import annotations
 
-from rl.core.planner.shape import ModelShape
+from rl.backends.planner.shape import ModelShape
 
 GIB = 1 << 30
 ADAM_BYTES = 8
@@ -115,7 +115,7 @@ def layer_activation_bytes(shape: ModelShape, c: int, kernel: str, moe: bool = F
     MLP. Tensor parallelism divides attention and the MLP by t; sequence parallelism the norms too; `trainable`
     false: frozen norm weights (LoRA); `adapters`: LoRA's rank times the adapted linear layers, each saving its
     A x (r values, for B's gradient). Checked exactly against the tensors a tiny Qwen2 saves on CPU, with and
-    without LoRA (tests/rl/core/planner)."""
+    without LoRA (tests/rl/backends/planner)."""
     norms = 2 * norm_activation_bytes(shape, c, trainable) / (tp if sequence_parallel else 1)
     mlp = moe_activation_bytes(shape, c, tp) if moe else mlp_activation_bytes(shape, c, tp)
     return norms + attention_activation_bytes(shape, c, kernel, tp, key_tokens) + mlp + adapters * c / tp

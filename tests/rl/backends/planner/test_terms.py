@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl.core.planner import Knobs, PlanInputs, shape_from_config, terms
-from rl.core.planner.state import counts, deepspeed_state, fsdp_state, megatron_state
+from rl.backends.planner import Knobs, PlanInputs, shape_from_config, terms
+from rl.backends.planner.state import counts, deepspeed_state, fsdp_state, megatron_state
 from tests.testing.model_configs import QWEN25_7B
 
 Q7 = shape_from_config(QWEN25_7B)

@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rl.core.planner.candidates import STRATEGY_ORDER, plan
-from rl.core.planner.estimate import Estimate
-from rl.core.planner.inputs import PlanInputs
-from rl.core.planner.layout import Layout
-from rl.core.planner.shape import ModelShape
-from rl.core.planner.terms import GIB
+from rl.backends.planner.candidates import STRATEGY_ORDER, plan
+from rl.backends.planner.estimate import Estimate
+from rl.backends.planner.inputs import PlanInputs
+from rl.backends.planner.layout import Layout
+from rl.backends.planner.shape import ModelShape
+from rl.backends.planner.terms import GIB
 
 MEGATRON_ABOVE = 30e9
 FSDP2_BELOW = 14e9
