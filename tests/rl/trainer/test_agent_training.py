@@ -29,7 +29,9 @@ def test_the_example_agent_trains_through_the_endpoint(tmp_path):
         # the agent's calls extend each other: one trajectory per episode unless the chat template cannot continue a
         # conversation's tokens exactly (then a second one, never more than one per turn), all by the step's policy
         assert 1.0 <= row["trajectories_per_episode"] <= 2.0 and row["policy_version"] == row["step"] - 1
-        assert 1.0 <= row["agent/attempts"] <= 2.0 and row["turns_mean"] == row["agent/attempts"]
+        assert 1.0 <= row["agent/attempts"] <= 2.0 and 1.0 <= row["turns_mean"] <= 2.0
+        if row["trajectories_per_episode"] == 1.0:  # a split episode's turns are counted per trajectory
+            assert row["turns_mean"] == row["agent/attempts"]
         assert row["reward_mean"] <= row["agent/solved"] + 1e-6  # a second-attempt solve earns 0.5
     assert [row["step"] for row in train] == list(range(1, STEPS + 1))
 
