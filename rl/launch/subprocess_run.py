@@ -20,10 +20,18 @@ def start_train(run_dir: str, overrides: list[str], *, threads: int = 1, env_ext
     process group of its own, each process of the run on `threads` torch threads; stdout and stderr go to `output`
     (pipes by default: read them, or pass open files for a run that is not waited on). `module`: another launcher
     with the same flags (`rl.launch.sft`, `rl.launch.dpo`)."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **(env_extra or {})}
-    cmd = [sys.executable, "-m", module, f"--run_dir={run_dir}", *overrides]
-    return subprocess.Popen(cmd, stdout=output, stderr=output, text=True, env=env, start_new_session=True)
+    return subprocess.Popen(launcher_command(run_dir, overrides, module), stdout=output, stderr=output, text=True,
+                            env=launcher_env(threads, env_extra), start_new_session=True)
+
+
+def launcher_command(run_dir: str, overrides: list[str], module: str = "rl.launch.train") -> list[str]:
+    return [sys.executable, "-m", module, f"--run_dir={run_dir}", *overrides]
+
+
+def launcher_env(threads: int = 1, env_extra: dict | None = None) -> dict[str, str]:
+    """This process's environment and import path, each process of the run on `threads` torch threads."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **(env_extra or {})}
 
 
 def run_train(run_dir: str, overrides: list[str], *, threads: int = 1, timeout: float | None = None,

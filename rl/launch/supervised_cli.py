@@ -21,6 +21,7 @@ def main(section: str, argv: list[str]) -> int:
     from rl.core.config import ConfigError, load_config
     from rl.core.config.supervised import split_overrides
     from rl.core.data.errors import DataError
+    from rl.trainer.write_faults import WriteFailed
 
     try:
         block, overrides, config_file = split_overrides(section, argv[1:], FLAGS.config)
@@ -40,6 +41,9 @@ def main(section: str, argv: list[str]) -> int:
     except (FileExistsError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except WriteFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -9,15 +9,12 @@ from rl.core.data import PromptRecord, load_prompt_dataset
 from rl.core.generation import SamplingParams, build_engine
 from rl.trainer.engines import RemoteEngines
 from rl.trainer.placement import Placement
+from rl.trainer.prompt_encoding import render_ids, truncate
 
 
-def encode_prompt(tokenizer, record: PromptRecord, max_length: int) -> list[int]:
-    """Chat prompts through the tokenizer's template; the last `max_length` tokens are kept."""
-    if record.is_chat:
-        text = tokenizer.apply_chat_template(list(record.messages()), add_generation_prompt=True, tokenize=False)
-    else:
-        text = record.prompt
-    return tokenizer(text, add_special_tokens=False)["input_ids"][-max_length:]
+def encode_prompt(tokenizer, record: PromptRecord, max_length: int, truncation: str = "left") -> list[int]:
+    """One prompt as the trainer encodes it (`prompt_encoding`), without its warnings and counts."""
+    return truncate(render_ids(tokenizer, record), max_length, truncation)
 
 
 def sampling_params(gen_cfg, seed: int, evaluation: bool = False) -> SamplingParams:

@@ -14,7 +14,7 @@ from rl.core.algorithms.reward_shaping import overlong_penalty, pass_and_mean_at
 from rl.core.algorithms.value_loss import ValueLossSettings
 from rl.core.config import config_to_dict
 from rl.core.data import BatchPosition, batches_per_epoch, iter_batches
-from rl.trainer import checkpoint, components, finite
+from rl.trainer import checkpoint, components, finite, write_faults
 from rl.trainer.engines import RemoteEngines
 from rl.trainer.episodes import Episodes
 from rl.trainer.experience import Experience, assign_advantages, build_experience
@@ -23,6 +23,7 @@ from rl.trainer.kl_reward import KLInReward
 from rl.trainer.metrics import MetricsLogger
 from rl.trainer.placement import needs_reference
 from rl.trainer.policy_update import compute_logprobs, is_on_policy, micro_batching, update_policy
+from rl.trainer.prompt_encoding import PromptEncoder, refuse_at_start
 from rl.trainer.reward_models import start_reward_models
 from rl.trainer.rewarding import RewardScorer
 from rl.trainer.rollout_mismatch import measure_and_correct, skips_old_logprob_pass
@@ -48,6 +49,9 @@ class Trainer:
         clock.mark("sources")
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.train_set, self.val_set = components.load_datasets(cfg, sources.train_data, sources.val_data)
+        refuse_at_start(cfg, self.tokenizer, {"data.train_data": self.train_set, "data.val_data": self.val_set},
+                        self.model_path)
+        self.prompts = PromptEncoder(self.tokenizer, cfg.generator.max_prompt_length, cfg.data.truncation)
         self.episodes = Episodes.from_config(cfg, self.tokenizer, self.model_path)
         self.settings = LossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
         self.value_settings = (ValueLossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
@@ -153,8 +157,7 @@ class Trainer:
         return batch
 
     def encode_batch(self, batch) -> list[list[int]]:
-        length = self.cfg.generator.max_prompt_length
-        return [components.encode_prompt(self.tokenizer, r, length) for r in batch.records]
+        return self.prompts.encode_all(batch.records)
 
     def step_params(self, step: int):
         return components.sampling_params(self.cfg.generator, _seed(self.cfg, step))
@@ -204,10 +207,12 @@ class Trainer:
     def train_step(self, step: int) -> dict:
         cfg, started = self.cfg, time.perf_counter()
         queue_row, reward_rows = {}, []
+        prompt_row = {"prompts_truncated": 0}  # over every batch the step generated
 
         def draw() -> ScoredBatch:
             records, rollouts, row = self.rollouts_for(step)
             queue_row.update(row)
+            prompt_row["prompts_truncated"] += self.prompts.truncated_count(records)
             rewards, reward_row = self.score(records, rollouts)
             reward_rows.append(reward_row)
             return ScoredBatch(records, rollouts, rewards)
@@ -218,7 +223,7 @@ class Trainer:
             _seed(cfg, step))
         generated_at = time.perf_counter()
         if not bool(torch.isfinite(batch.rewards).all()):  # trainer.non_finite=skip: no update from this batch
-            row = {"skipped_steps": 1.0, **_merge_reward_rows(reward_rows), **self.sync_weights(step)}
+            row = {"skipped_steps": 1.0, **prompt_row, **_merge_reward_rows(reward_rows), **self.sync_weights(step)}
             all_rewards = torch.cat([b.rewards for b in generated])
             row.update(step=step, reward_mean=finite.finite_rewards_mean(all_rewards),
                        step_time_s=time.perf_counter() - started)
@@ -236,6 +241,7 @@ class Trainer:
         row.update(measure_and_correct(experience, algo.off_policy_correction))
         row.update(self.update(step, experience))
         row.update(queue_row)
+        row.update(prompt_row)
         row.update(sampling_row)
         row.update(_merge_reward_rows(reward_rows))
         updated = time.perf_counter()
@@ -295,7 +301,7 @@ class Trainer:
         val_pass@k and val_mean@k."""
         gen = self.cfg.generator
         records = list(self.val_set)
-        prompts = [components.encode_prompt(self.tokenizer, r, gen.max_prompt_length) for r in records]
+        prompts = self.prompts.encode_all(records)
         rollouts = self.roll_out(records, prompts, components.sampling_params(gen, _seed(self.cfg, step), True))
         rewards, _ = self.reward_of(records, rollouts)
         k = gen.eval_n_samples_per_prompt
@@ -310,6 +316,11 @@ class Trainer:
 
     def save_checkpoint(self, step: int) -> None:
         staging = checkpoint.staging_dir(self.ckpt_root, step)
+        with write_faults.one_line(f"the checkpoint of step {step}", checkpoint.step_dir(self.ckpt_root, step), staging,
+                                   "trainer.ckpt_path"):
+            self._write_checkpoint(step, staging)
+
+    def _write_checkpoint(self, step: int, staging: str) -> None:
         self.group.call("save_checkpoint", staging)
         unfinite = [rank for rank, ok in enumerate(self.group.call("weights_finite")) if not ok]
         if unfinite:  # never marked COMPLETE: resume cannot pick it
@@ -352,10 +363,14 @@ class Trainer:
 
     def export(self, step: int) -> None:
         root = self.cfg.trainer.export_path or os.path.join(self.run_dir, "exports")
-        os.makedirs(root, exist_ok=True)
-        self.group.call("export_hf", self.model_path, os.path.join(root, f"global_step_{step}"))
+        exports = [("export_hf", os.path.join(root, f"global_step_{step}"), "the export")]
         if self.value_settings is not None:
-            self.group.call("export_critic", self.model_path, os.path.join(root, "critic", f"global_step_{step}"))
+            critic = os.path.join(root, "critic", f"global_step_{step}")
+            exports.append(("export_critic", critic, "the critic's export"))
+        for method, path, what in exports:
+            with write_faults.one_line(f"{what} of step {step}", path, path + ".partial", "trainer.export_path"):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                self.group.call(method, self.model_path, path)
 
 
 def _absolute(model_path: str) -> str:

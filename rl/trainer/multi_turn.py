@@ -151,8 +151,8 @@ def check_arguments(
 def no_room_message(where: str, length: int, max_context_tokens: int) -> str:
     return (f"the prompt of {where} has {length} tokens, leaving no room for a response within an episode's "
             f"{max_context_tokens} tokens of context; raise generator.max_input_length (at most the model's "
-            "max_position_embeddings), lower generator.max_prompt_length (prompts are cut to it from the left) or "
-            "shorten the prompt")
+            "max_position_embeddings), lower generator.max_prompt_length (prompts are cut to it as data.truncation "
+            "says) or shorten the prompt")
 
 
 def environment_class_name(make_env: Callable[[], Environment]) -> str:

@@ -1,6 +1,7 @@
 """What must hold on this machine before a run spends anything (Ray, a model load, the embedded warm-up): the prompt
 files read and hold the configured keys and enough prompts, the model path exists when it is local, the reward is
-registered, a multi-turn environment builds and every prompt leaves room in its episodes, checkpoints and exports
+registered, a multi-turn environment builds and every prompt leaves room in its episodes, prompts fit
+generator.max_prompt_length (data.truncation=error) and the model's positions, checkpoints and exports
 can be written where the config says, a checkpoint to resume is complete, intact and of this strategy, the kernels
 `trainer.kernels` names can run here, the placement fits this machine, and the memory planner predicts the layout
 fits its GPUs (`rl.trainer.memory_plan`). Every problem is reported at once as a ConfigError naming the key."""
@@ -197,7 +198,7 @@ def _environment_problems(cfg) -> list[str]:
             f"environment.env_options {dict(env.env_options)}) {problem}; {fix}".rstrip("; ")]
 
 
-def _model_at_hand(path: str) -> bool:
+def model_at_hand(path: str) -> bool:
     """A local model directory, or a hub name in the local cache (not the embedded model, built at the start)."""
     if path == EMBEDDED:
         return False
@@ -213,11 +214,11 @@ def _prompt_room_problems(cfg, loaded: dict) -> list[str]:
     context limit (`episodes.context_limit`). Needs the model's tokenizer, so a model built at the start (the
     embedded one) or one that cannot be had here is left to the check at the first step."""
     path = cfg.trainer.policy.model.path
-    if cfg.environment.env_class is None or not loaded or not _model_at_hand(path):
+    if cfg.environment.env_class is None or not loaded or not model_at_hand(path):
         return []
-    from rl.trainer.components import encode_prompt
     from rl.trainer.episodes import context_limit
     from rl.trainer.multi_turn import no_room_message
+    from rl.trainer.prompt_encoding import render_ids
     from rl.trainer.rewarding import describe_row
 
     try:
@@ -232,13 +233,36 @@ def _prompt_room_problems(cfg, loaded: dict) -> list[str]:
     key = "generator.max_input_length" if gen.max_input_length else "generator.max_prompt_length"
     found = []
     for data_key, dataset in loaded.items():
-        lengths = [(len(encode_prompt(tokenizer, record, gen.max_prompt_length)), record) for record in dataset]
+        lengths = [(min(len(render_ids(tokenizer, record)), gen.max_prompt_length), record) for record in dataset]
         long = [(length, record) for length, record in lengths if length >= limit]
         if long:
             length, record = long[0]
             found.append(f"{key}: {no_room_message(describe_row(record), length, limit)} ({len(long)} of the "
                          f"{len(lengths)} prompts of {data_key} leave no room)")
     return found
+
+
+def _prompt_length_problems(cfg, loaded: dict) -> list[str]:
+    """Prompts longer than generator.max_prompt_length with data.truncation=error, and single-turn prompts that
+    leave no room for a response within the model's positions (`prompt_encoding.prompt_problems`; the model's
+    config.json is read first, and the tokenizer loaded only when a check needs the prompts encoded). A model built
+    at the start (the embedded one) is checked when the trainer starts."""
+    path = cfg.trainer.policy.model.path
+    if not loaded or not model_at_hand(path):
+        return []
+    from rl.trainer.prompt_encoding import model_positions, needs_encoding, prompt_problems
+
+    path = os.path.expanduser(path) if _looks_local(path) else path
+    try:
+        positions = model_positions(path)
+        if not needs_encoding(cfg, positions):
+            return []
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception:  # whatever keeps the config or tokenizer from loading here is reported where the trainer loads it
+        return []
+    return prompt_problems(cfg, tokenizer, loaded, positions)
 
 
 def _writable_problems(cfg) -> list[str]:
@@ -279,7 +303,7 @@ def preflight(cfg, ray_address: str | None = None) -> None:
     loaded: dict = {}
     problems = [*_data_problems(cfg, loaded), *_model_problems(cfg), *_reward_problems(cfg),
                 *_reward_model_problems(cfg), *_environment_problems(cfg),
-                *_prompt_room_problems(cfg, loaded), *agent_problems(cfg),
+                *_prompt_room_problems(cfg, loaded), *_prompt_length_problems(cfg, loaded), *agent_problems(cfg),
                 *_resume_problems(cfg), *_writable_problems(cfg), *_kernel_problems(cfg, ray_address),
                 *_placement_problems(cfg, ray_address), *companion_model_problems(cfg), *memory_problems(cfg)]
     if problems:

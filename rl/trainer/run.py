@@ -92,6 +92,7 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
     from rl.trainer.waiting import ActorHung
     from rl.trainer.worker_group import start_ray, stop_ray
     from rl.trainer.worker_start import start_workers
+    from rl.trainer.write_faults import WriteFailed
 
     clock = clock or StartupClock()
     clock.mark("imports")
@@ -121,7 +122,7 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
             raise
         latest = checkpoint.latest(trainer.ckpt_root, log=lambda _: None) if trainer is not None else None
         raise ActorFailed(what, trainer.current_step if trainer is not None else 0, latest) from None
-    except (RewardError, SamplingExhausted, NonFiniteError) as error:
+    except (RewardError, SamplingExhausted, NonFiniteError, WriteFailed) as error:
         latest = checkpoint.latest(trainer.ckpt_root, log=lambda _: None)
         raise RunFailed(str(error), trainer.current_step, latest) from None
     finally:

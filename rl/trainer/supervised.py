@@ -17,7 +17,7 @@ from rl.backends.base import ModelSpec
 from rl.backends.registry import STRATEGIES
 from rl.core.config import config_to_dict
 from rl.core.data import epoch_order
-from rl.trainer import checkpoint
+from rl.trainer import checkpoint, write_faults
 from rl.trainer.batching import MicroBatching, gather
 from rl.trainer.metrics import MetricsLogger
 from rl.trainer.policy_update import update_policy
@@ -140,11 +140,13 @@ class SupervisedTrainer:
 
     def save_checkpoint(self, step: int) -> None:
         staging = checkpoint.staging_dir(self.ckpt_root, step)
-        self.group.call("save_checkpoint", staging)
-        state = {"step": step, "kind": self.kind, "strategy": self.cfg.trainer.strategy,
-                 "model_path": os.path.abspath(self.model_path) if os.path.isdir(self.model_path)
-                 else self.model_path}
-        checkpoint.commit(self.ckpt_root, step, state)
+        with write_faults.one_line(f"the checkpoint of step {step}", checkpoint.step_dir(self.ckpt_root, step), staging,
+                                   "trainer.ckpt_path"):
+            self.group.call("save_checkpoint", staging)
+            state = {"step": step, "kind": self.kind, "strategy": self.cfg.trainer.strategy,
+                     "model_path": os.path.abspath(self.model_path) if os.path.isdir(self.model_path)
+                     else self.model_path}
+            checkpoint.commit(self.ckpt_root, step, state)
 
     def resume(self) -> int:
         mode = self.cfg.trainer.resume_mode
@@ -173,9 +175,10 @@ class SupervisedTrainer:
 
     def export(self, step: int) -> str:
         root = self.cfg.trainer.export_path or os.path.join(self.run_dir, "exports")
-        os.makedirs(root, exist_ok=True)
         path = os.path.join(root, f"global_step_{step}")
-        self.group.call("export_hf", self.model_path, path)
+        with write_faults.one_line(f"the export of step {step}", path, path + ".partial", "trainer.export_path"):
+            os.makedirs(root, exist_ok=True)
+            self.group.call("export_hf", self.model_path, path)
         return path
 
     def full_state_dict(self) -> dict:

@@ -43,6 +43,9 @@ def start_ray(run_dir: str, address: str | None, slots: int = 0) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
         return
+    from rl.trainer import ray_lifeline
+
+    ray_lifeline.start()  # the cluster's processes end with this one, however it ends
     # no idle workers started ahead: every actor of a run has a runtime_env of its own and cannot use them, and on a
     # small machine they take the cores the run's actors start on
     ray.init(_temp_dir=_ray_temp_dir(run_dir), include_dashboard=False, num_cpus=max(os.cpu_count() or 1, 2, slots),

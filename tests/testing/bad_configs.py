@@ -352,6 +352,7 @@ BAD = {
     "reward_timeout_in_driver": Bad(["data.reward_num_workers=0"], "data.reward_timeout_s", ("cannot be enforced",)),
     "reward_on_error_unknown": Bad(["data.reward_on_error=ignore"], "data.reward_on_error", ("fail, zero",)),
     "non_finite_unknown": Bad(["trainer.non_finite=ignore"], "trainer.non_finite", ("fail, skip",)),
+    "truncation_unknown": Bad(["data.truncation=drop"], "data.truncation", ("left, right, middle, error",)),
     "reward_fn_empty_list": Bad(["data.reward_fn=[]"], "data.reward_fn", ("is empty",)),
     "dynamic_sampling_unknown": Bad(["trainer.algorithm.dynamic_sampling.type=filtr"],
                                     "trainer.algorithm.dynamic_sampling.type", ("did you mean 'filter'?",)),

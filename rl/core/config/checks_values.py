@@ -130,6 +130,7 @@ RULES: tuple[Rule, ...] = (
     optional(at_least("generator.max_input_length", 2)),
     optional(above("data.reward_timeout_s", 0)),
     one_of("data.reward_on_error", choices.REWARD_ON_ERROR),
+    one_of("data.truncation", choices.TRUNCATION),
     one_of("trainer.non_finite", choices.NON_FINITE),
     one_of("generator.backend", choices.GENERATOR_BACKENDS),
     optional(one_of("generator.weight_sync_backend", choices.WEIGHT_SYNC_BACKENDS)),

@@ -24,6 +24,8 @@ KERNELS = ("auto", "torch", "triton", "cuda")
 LOGGERS = ("console", "tensorboard", "wandb")
 DYNAMIC_SAMPLING_TYPES = ("filter", "replace")
 REWARD_ON_ERROR = ("fail", "zero")
+TRUNCATION = ("left", "right", "middle", "error")
+"""`data.truncation`: how a prompt longer than generator.max_prompt_length is cut (`rl.trainer.prompt_encoding`)."""
 NON_FINITE = ("fail", "skip")
 """`trainer.non_finite`: what a non-finite reward, loss or gradient norm does (`rl.trainer.finite`)."""
 LORA_INIT_METHODS = ("kaiming", "gaussian")

@@ -462,7 +462,9 @@ class GeneratorConfig:
     scores are the same tokens); it finishes as "stop". null: only the end-of-sequence token ends one."""
 
     max_prompt_length: int
-    """Most prompt tokens; longer prompts are truncated. >= 1."""
+    """Most prompt tokens (after the chat template), >= 1; longer prompts are cut as data.truncation says.
+    Single-turn: a prompt whose tokens (so cut) + max_generate_length exceed the model's max_position_embeddings is
+    refused before anything starts (for a model built at the start, the embedded one, when training starts)."""
 
     eval_n_samples_per_prompt: int
     """Completions per evaluation prompt (k), >= 1. Evaluation logs val_accuracy (the mean reward), and for k > 1
@@ -534,6 +536,13 @@ class DataConfig:
     reward_on_error: str
     """What a reward call that raises, times out, kills its process or returns NaN / a non-number does: `fail`
     ends the run naming the function and the row; `zero` scores it 0, counts it in reward_errors and goes on."""
+
+    truncation: str
+    """A prompt longer than generator.max_prompt_length tokens (after the chat template), as veRL's
+    `data.truncation`: `left` keeps its last tokens, `right` its first, `middle` the first and last halves; each
+    truncated row is named in a warning once and counted per step in `prompts_truncated`. `error` refuses such a
+    prompt before anything starts (naming the file and row) where the model's tokenizer is at hand, else at the
+    start of training."""
 
 
 @dataclass(kw_only=True)

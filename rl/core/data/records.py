@@ -22,6 +22,11 @@ class ChatMessage:
 
 Prompt = str | tuple[ChatMessage, ...]
 
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+"""The roles a chat message may have: the ones both Qwen2.5's and Llama 3's chat templates render. Qwen2.5's
+template silently drops a message of any other role (OpenAI's `developer` and `function` included: write them as
+`system` and `tool`), and Llama 3's writes it as a header the model never saw in training."""
+
 
 @dataclass(frozen=True)
 class PromptRecord:
@@ -69,12 +74,19 @@ def _parse_message(message: object, where: str, turn: int) -> ChatMessage:
     if isinstance(message, Mapping):
         role, content = message.get("role"), message.get("content")
         if isinstance(role, str) and isinstance(content, str):
+            if role not in CHAT_ROLES:
+                raise DataError(unknown_role_message(where, f"chat message {turn}", role))
             if not content.strip():
                 raise DataError(f"{where}: chat message {turn} ({role}) has empty content; every message needs text")
             return ChatMessage(role=role, content=content)
     raise DataError(
         f'{where}: chat message {turn} must be a mapping with string "role" and "content", got {message!r:.80}'
     )
+
+
+def unknown_role_message(where: str, message: str, role: str) -> str:
+    return (f"{where}: {message} has unknown role {role!r}; the roles are {', '.join(CHAT_ROLES)} (chat templates "
+            "drop or misrender any other): rename it to one of them")
 
 
 class PromptDataset:

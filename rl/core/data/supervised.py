@@ -22,8 +22,7 @@ import torch
 
 from rl.core.data.errors import DataError
 from rl.core.data.readers import RawRow, read_rows
-
-ROLES = ("system", "user", "assistant", "tool")
+from rl.core.data.records import CHAT_ROLES, unknown_role_message
 
 
 @dataclass(frozen=True)
@@ -51,9 +50,8 @@ def _messages(value: Any, where: str, key: str) -> list[dict[str, str]]:
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
             raise DataError(f"{where}: '{key}' message {turn} must be a mapping with 'role' and 'content'")
         role, content = message["role"], message["content"]
-        if role not in ROLES:
-            raise DataError(f"{where}: '{key}' message {turn} has unknown role {role!r}; roles are "
-                            f"{', '.join(ROLES)}")
+        if role not in CHAT_ROLES:
+            raise DataError(unknown_role_message(where, f"'{key}' message {turn}", role))
         if not isinstance(content, str):
             raise DataError(f"{where}: '{key}' message {turn} content must be text, got {type(content).__name__}")
         out.append({"role": role, "content": content})

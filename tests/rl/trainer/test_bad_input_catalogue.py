@@ -35,7 +35,10 @@ class BadFile:
 
 # Placeholders: {tmp} a fresh directory, {data} a good 6-row prompt file, {model} a model directory whose config has
 # 14 attention heads, 2 key/value heads and 6 layers, {file} a regular file, {notckpt} a directory that is no
-# checkpoint.
+# checkpoint, {tokmodel} a model directory with the embedded tokenizer and 64 positions (no weights: the checks read
+# the config and the tokenizer). Each prompt of {data}, "What is 0 + 1?", is 10 of its tokens.
+ON_DATA = ["trainer.policy.model.path={tokmodel}", "data.train_data=['{data}']", "trainer.train_batch_size=4",
+           "trainer.policy_mini_batch_size=4"]
 MEGATRON_ON_4 = ["trainer.strategy=megatron", "trainer.policy.model.path={model}",
                  "trainer.placement.policy_num_gpus_per_node=4"]
 MACHINE = {
@@ -62,6 +65,13 @@ MACHINE = {
                                            "trainer.placement.policy_num_nodes", ("pass --ray_address",)),
     "more_engines_than_cores": Bad(["trainer.placement.colocate_all=false", "generator.num_inference_engines=64"],
                                    "generator.num_inference_engines", ("leave none of this machine's",)),
+    "prompt_longer_than_max_prompt_length_with_truncation_error": Bad(
+        [*ON_DATA, "data.truncation=error", "generator.max_prompt_length=8"], "data.truncation",
+        ("train.jsonl line 1 has 10 tokens, more than generator.max_prompt_length=8", "6 of the 6 prompts")),
+    "prompt_and_response_beyond_the_model_positions": Bad(
+        [*ON_DATA, "generator.max_generate_length=60"], "generator.max_prompt_length",
+        ("train.jsonl line 1 has 10 tokens; with generator.max_generate_length=60 it needs 70 positions",
+         "max_position_embeddings=64", "generator.max_generate_length to 54")),
     "unknown_strategy_flag_with_a_model": Bad(["trainer.policy.model.path={model}"], "trainer.strategy",
                                               ("did you mean 'fsdp'?",), strategy="fsdp3"),
 }
@@ -115,6 +125,9 @@ DATA = {
                                           ("line 1", "chat message 0")),
     "jsonl_chat_empty_content": BadData("a.jsonl", _lines({"prompt": [{"role": "user", "content": ""}],
                                                            "answer": "1"}), ("line 1", "has empty content")),
+    "jsonl_chat_unknown_role": BadData("a.jsonl", _lines(OK, {"prompt": [{"role": "narrator", "content": "Once"}],
+                                                              "answer": "1"}),
+                                       ("line 2", "unknown role 'narrator'", "system, user, assistant, tool")),
     "jsonl_chat_role_not_text": BadData("a.jsonl", _lines({"prompt": [{"role": 1, "content": "hi"}], "answer": "1"}),
                                         ("line 1", "chat message 0")),
     "jsonl_index_not_integer": BadData("a.jsonl", _lines({"prompt": "q", "answer": "1", "index": "7"}),
@@ -159,8 +172,22 @@ def test_the_catalogue_holds_at_least_100_configs_and_30_data_files():
     assert len(DATA) >= 30
 
 
+@pytest.fixture(scope="module")
+def tokenizer_model(tmp_path_factory) -> str:
+    from transformers import LlamaConfig
+
+    from rl.tasks.embedded import build_tokenizer
+
+    path = tmp_path_factory.mktemp("tokmodel")
+    tokenizer = build_tokenizer()
+    tokenizer.save_pretrained(path)
+    LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64).save_pretrained(path)
+    return str(path)
+
+
 @pytest.fixture
-def places(tmp_path) -> dict[str, str]:
+def places(tmp_path, tokenizer_model) -> dict[str, str]:
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in GOOD_ROWS))
     model = tmp_path / "model"
@@ -171,7 +198,7 @@ def places(tmp_path) -> dict[str, str]:
         "max_position_embeddings": 64}))
     (tmp_path / "notckpt").mkdir()
     return {"tmp": str(tmp_path / "scratch"), "data": str(data), "model": str(model), "file": str(data),
-            "notckpt": str(tmp_path / "notckpt")}
+            "notckpt": str(tmp_path / "notckpt"), "tokmodel": tokenizer_model}
 
 
 @pytest.fixture(autouse=True)

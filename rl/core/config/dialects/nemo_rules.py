@@ -112,7 +112,7 @@ def lengths(layer: Layer) -> None:
                 "generator.max_prompt_length",
                 prompt,
                 at="data.max_input_seq_length",
-                note="a longer prompt is truncated to this length here",
+                note="a longer prompt is cut to this length here as data.truncation says",
             )
         return
     total = int(min(totals))
@@ -130,7 +130,7 @@ def lengths(layer: Layer) -> None:
         named,
         NEMO,
         f"NeMo RL bounds prompt + response by {total} tokens; here the prompt gets "
-        f"generator.max_prompt_length={budget} (longer prompts are truncated) and the response "
+        f"generator.max_prompt_length={budget} (longer prompts are cut as data.truncation says) and the response "
         f"generator.max_generate_length={response}",
     )
 

@@ -273,7 +273,8 @@ def table() -> Mapping[str, Entry]:
         # --- trainer: renamed keys ----------------------------------------------------------------------------
         f"{T}max_prompt_length": Alias(
             f"{G}max_prompt_length",
-            differs="a longer prompt is truncated to this length here; SkyRL leaves such prompts out of the dataset",
+            differs=("a longer prompt is cut to this length here as data.truncation says (left: its last tokens kept); "
+                     "SkyRL leaves such prompts out of the dataset"),
         ),
         f"{T}max_training_steps": Alias(f"{T}max_steps"),
         f"{T}max_tokens_per_microbatch": Alias(f"{T}max_tokens_per_micro_batch", convert=_budget),
