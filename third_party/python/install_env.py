@@ -2,7 +2,7 @@
 
 Run by the base interpreter with the standard library only. Every package comes from the lock with its sha256
 (`pip --require-hashes --no-deps`): nothing else is resolved. Wheels are installed first; source-only packages
-(deepspeed) are then built without isolation against the torch just installed.
+(deepspeed, antlr4-python3-runtime) are then built without isolation against the setuptools and torch just installed.
 """
 
 from __future__ import annotations

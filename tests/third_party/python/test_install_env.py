@@ -9,6 +9,7 @@ import pytest
 INSTALLER = "third_party/python/install_env.py"
 LOCK = "third_party/python/requirements_lock.txt"
 PACKAGE = "mdurl"  # tiny, pure Python, no dependencies
+SDIST = "antlr4-python3-runtime"  # a small package published only as source
 
 
 def _base_python() -> str:
@@ -21,10 +22,11 @@ def _locked_line(name: str) -> str:
         return next(line.strip() for line in f if line.startswith(name + "=="))
 
 
-def _install(tmp_path, lock_text: str) -> subprocess.CompletedProcess:
+def _install(tmp_path, lock_text: str, sdists: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     lock = tmp_path / "lock.txt"
     lock.write_text(lock_text)
     cmd = [_base_python(), INSTALLER, "--lock", str(lock), "--venv", str(tmp_path / "venv")]
+    cmd += [arg for name in sdists for arg in ("--sdist", name)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
@@ -36,6 +38,19 @@ def test_locked_package_installs(tmp_path):
                            text=True)
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip() == str(tmp_path / "venv")
+
+
+def test_source_only_package_builds_against_the_locked_setuptools(tmp_path):
+    # antlr4-python3-runtime (OmegaConf's parser runtime) is published only as source: the installer builds it
+    # without build isolation, so nothing outside the lock is fetched to build it.
+    lines = [_locked_line(name) for name in ("setuptools", SDIST)]
+    result = _install(tmp_path, "\n".join(lines) + "\n", sdists=(SDIST,))
+    assert result.returncode == 0, result.stderr
+    python = tmp_path / "venv" / "bin" / "python3"
+    probe = subprocess.run([str(python), "-c", f"import antlr4, importlib.metadata as m; print(m.version('{SDIST}'))"],
+                           capture_output=True, text=True)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == _locked_line(SDIST).split("==")[1].split()[0]
 
 
 def test_tampered_hash_fails_with_a_clear_message(tmp_path):
@@ -59,10 +74,10 @@ def test_every_lock_line_is_hash_pinned():
     sys.path.insert(0, os.path.dirname(INSTALLER))
     from install_env import split_lock
 
-    wheels, sdists = split_lock(LOCK, {"deepspeed"})
+    wheels, sdists = split_lock(LOCK, {SDIST, "deepspeed"})
     names = {line.split("==")[0] for line in wheels + sdists}
-    assert [line.split("==")[0] for line in sdists] == ["deepspeed"]
-    assert {"torch", "transformers", "triton", "ray", "megatron-core", "pytest"} <= names
+    assert [line.split("==")[0] for line in sdists] == [SDIST, "deepspeed"]
+    assert {"torch", "transformers", "triton", "ray", "megatron-core", "pytest", "omegaconf"} <= names
     assert any(line.startswith("torch==2.13.0+cpu ") for line in wheels)
 
 

@@ -4,8 +4,8 @@
 way (its own `defaults:` first), merged in order, and the file's own keys merged over them, as NeMo RL's
 `load_config_with_inheritance` does: mappings merge key by key, anything else replaces, and a mapping marked
 `_override_: true` replaces the inherited one whole. After the merge, `${...}` interpolations are resolved (so a
-child's value reaches every key that interpolates it) by `interpolation.py`, which reads the part of OmegaConf's
-grammar NeMo RL's files use, with the resolvers NeMo RL registers (`mul`, `add`, `div`, `max`) and `oc.env`.
+child's value reaches every key that interpolates it) by OmegaConf, with the resolvers NeMo RL registers (`mul`,
+`add`, `div`, `max`): see `interpolation.py`.
 Hydra's config-group defaults (SkyRL's old `defaults: [_self_, group@pkg: name]`) are not read.
 """
 
@@ -18,24 +18,18 @@ from typing import Any
 
 import yaml
 
-from rl.core.config.dialects.interpolation import resolve
+from rl.core.config.dialects.interpolation import needs_resolution, resolve
 from rl.core.config.errors import ConfigError
 from rl.core.config.yaml_io import read_yaml
 
 OVERRIDE_MARK = "_override_"
-NEMO_RESOLVERS = {
-    "mul": lambda a, b: a * b,
-    "add": lambda a, b: a + b,
-    "div": lambda a, b: a / b,
-    "max": lambda a, b: max(a, b),
-}
 
 
 def read_config_file(path: str) -> Any:
     """The file's mapping with its `defaults:` merged in and its interpolations resolved (other YAML as read)."""
     data = _read_with_defaults(path, ())
-    if isinstance(data, dict) and _has_interpolation(data):
-        data = resolve(data, path, NEMO_RESOLVERS)
+    if isinstance(data, dict) and needs_resolution(data):
+        data = resolve(data, path)
     return data
 
 
@@ -93,13 +87,3 @@ def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
         else:
             merged[name] = copy.deepcopy(value)
     return merged
-
-
-def _has_interpolation(data: Any) -> bool:
-    if isinstance(data, str):
-        return "${" in data
-    if isinstance(data, Mapping):
-        return any(_has_interpolation(value) for value in data.values())
-    if isinstance(data, list):
-        return any(_has_interpolation(value) for value in data)
-    return False

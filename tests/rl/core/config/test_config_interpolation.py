@@ -1,14 +1,16 @@
-"""`${...}` interpolation in NeMo RL's config files, read without OmegaConf: key paths absolute and relative, whole
-values keeping their type and interpolations inside strings, NeMo RL's resolvers with nested arguments, chains,
-loops and missing keys refused with the file and the key; and, where omegaconf is installed, the same values as
-OmegaConf gives on NeMo RL's files."""
+"""`${...}` interpolation in NeMo RL's config files, resolved by OmegaConf: key paths absolute and relative, whole
+values keeping their type and interpolations inside strings, NeMo RL's resolvers with nested arguments, chains;
+loops, missing keys, `???` and bad calls refused with the file, the key and the fix; and NeMo RL's files give what
+NeMo RL's own loading (OmegaConf.load, OmegaConf.merge) gives."""
 
 from __future__ import annotations
 
 import math
+import os
 import textwrap
 
 import pytest
+from omegaconf import DictConfig, OmegaConf
 
 from rl.core.config import ConfigError
 from rl.core.config.dialects import nemo_files
@@ -17,14 +19,18 @@ from tests.rl.core.config.upstream_configs import NEMO_1B, NEMO_1B_MEGATRON
 
 
 def _resolve(data: dict) -> dict:
-    return resolve(data, "run.yaml", nemo_files.NEMO_RESOLVERS)
+    return resolve(data, "run.yaml")
 
 
 def _refused(data: dict) -> str:
+    [problem] = _all_refused(data)
+    return problem
+
+
+def _all_refused(data: dict) -> list[str]:
     with pytest.raises(ConfigError) as info:
         _resolve(data)
-    [problem] = info.value.problems
-    return problem
+    return info.value.problems
 
 
 def _file(tmp_path, text: str, name: str = "run.yaml") -> str:
@@ -73,7 +79,8 @@ def test_relative_key_paths_count_up_from_the_mapping_that_holds_them():
 
 def test_relative_path_above_the_top_is_refused():
     problem = _refused({"policy": {"x": "${...y}"}})
-    assert "an interpolation at policy.x" in problem and "above the top of the file" in problem
+    assert problem.startswith("config file run.yaml: an interpolation at policy.x ('${...y}') cannot be resolved")
+    assert "Error resolving key '...y'" in problem and problem.endswith("fix the key path or add the key")
 
 
 # --- whole values and strings ---------------------------------------------------------------------------------------
@@ -104,9 +111,8 @@ def test_whole_value_keeps_the_type_and_a_string_gets_the_text():
     assert (out["spaced"], out["padded"]) == (" 512", 512)
 
 
-def test_a_mapping_inside_a_string_is_refused():
-    problem = _refused({"block": {"a": 1}, "name": "x_${block}"})
-    assert "an interpolation at name" in problem and "${block} is a mapping" in problem
+def test_a_mapping_inside_a_string_is_written_as_python_writes_it():
+    assert _resolve({"block": {"a": 1}, "name": "x_${block}"})["name"] == "x_{'a': 1}"  # str() of the mapping
 
 
 def test_escaped_interpolation_is_literal_text():
@@ -144,20 +150,28 @@ def test_nemo_resolvers_with_nested_interpolations():
     assert policy["label"] == "tp2-6"
 
 
-def test_resolver_arguments_are_read_as_omegaconf_reads_them():
+@pytest.fixture
+def show():
+    """A resolver `show` that records its arguments, registered for one test."""
     seen = []
 
-    def show(*args):
+    def record(*args):
         seen.append(args)
         return len(seen)
 
+    OmegaConf.register_new_resolver("show", record, replace=True)
+    yield seen
+    OmegaConf.clear_resolver("show")
+
+
+def test_resolver_arguments_are_read_as_omegaconf_grammar_says(show):
     data = {"n": 3, "x": "${show:2, 2.5, true, null, abc, 'a,b', a\\,b, q${n}, ${n}, 1e3, +3, 1_000, TRUE, x y }"}
-    resolve(data, "run.yaml", {"show": show})
-    [args] = seen
+    _resolve(data)
+    [args] = show
     assert args == (2, 2.5, True, None, "abc", "a,b", "a,b", "q3", 3, 1000.0, 3, 1000, True, "x y")
     assert type(args[0]) is int and type(args[9]) is float
-    resolve({"x": "${show:inf}", "y": "${show:}"}, "run.yaml", {"show": show})
-    assert math.isinf(seen[1][0]) and seen[2] == ()
+    _resolve({"x": "${show:inf}", "y": "${show:}", "z": "${show:[1, 2], {k: v}}"})
+    assert math.isinf(show[1][0]) and show[2] == () and show[3] == ([1, 2], {"k": "v"})
 
 
 def test_oc_env(monkeypatch):
@@ -172,24 +186,25 @@ def test_oc_env(monkeypatch):
     )
     assert out == {"path": "/data/train.jsonl", "default": "5", "none": None}
     problem = _refused({"data": {"path": "${oc.env:NRL_TEST_UNSET}/x"}})
-    assert "an interpolation at data.path" in problem and "NRL_TEST_UNSET, which is not set" in problem
-    assert "set NRL_TEST_UNSET" in problem
+    assert "an interpolation at data.path ('${oc.env:NRL_TEST_UNSET}/x')" in problem
+    assert "Environment variable 'NRL_TEST_UNSET' not found" in problem and "environment variables" in problem
 
 
 def test_unknown_resolver_wrong_arguments_and_failing_call_are_refused():
-    assert "'foo', which is not a resolver read here (these are: add, div, max, mul, oc.env)" in _refused(
-        {"a": "${foo:1}"}
-    )
-    assert "${mul:1} gives 'mul' 1 argument, and it takes 2" in _refused({"a": "${mul:1}"})
+    problem = _refused({"a": "${foo:1}"})
+    assert "an interpolation at a ('${foo:1}')" in problem and "Unsupported interpolation type foo" in problem
+    assert "use one of NeMo RL's resolvers (mul, add, div, max) or OmegaConf's" in problem
+    assert "missing 1 required positional argument: 'b'" in _refused({"a": "${mul:1}"})
     problem = _refused({"a": "${div:1, 0}"})
-    assert "an interpolation at a" in problem and "ZeroDivisionError" in problem
+    assert "an interpolation at a ('${div:1, 0}')" in problem and "ZeroDivisionError" in problem
 
 
-def test_grammar_outside_the_subset_is_refused():
-    assert "inside a key path is not read here" in _refused({"b": "x", "a": "${x.${b}}"})
-    assert "lists and mappings as resolver arguments are not read here" in _refused({"a": "${mul:[1, 2], 2}"})
-    assert "is not closed" in _refused({"a": "${b"})
-    assert "names no key" in _refused({"a": "${}"})
+def test_the_rest_of_omegaconfs_grammar():
+    out = _resolve({"b": "k", "x": {"k": 5}, "a": "${x.${b}}", "twice": "${mul:[1, 2], 2}", "pick": "${oc.select:q,7}"})
+    assert (out["a"], out["twice"], out["pick"]) == (5, [1, 2, 1, 2], 7)
+    for text in ("${b", "${}"):
+        problem = _refused({"a": text})
+        assert f"an interpolation at a ({text!r})" in problem and "OmegaConf's interpolation grammar" in problem
 
 
 # --- chains, loops, missing keys --------------------------------------------------------------------------------------
@@ -208,11 +223,23 @@ def test_chains_resolve_in_any_order():
 
 
 def test_loops_are_refused_naming_the_keys():
-    problem = _refused({"a": "${b}", "b": "${c.d}", "c": {"d": "${a}"}})
-    assert problem.startswith("config file run.yaml: the interpolations at a -> b -> c.d -> a refer to each other")
-    assert "write one of the values out" in problem
-    assert "at self -> self refer" in _refused({"self": "x${self}"})
-    assert "at a -> a.b -> a refer" in _refused({"a": {"b": "${a}"}})  # a mapping that holds its own copy
+    problems = _all_refused({"a": "${b}", "b": "${c.d}", "c": {"d": "${a}"}})
+    assert [problem.split(" (")[0] for problem in problems] == [
+        f"config file run.yaml: an interpolation at {key}" for key in ("a", "b", "c.d")
+    ]
+    assert all("refer to each other in a loop: write one of the values out" in problem for problem in problems)
+    assert "Recursive interpolation detected" in _refused({"self": "x${self}"})
+    assert "Interpolation to parent node detected" in _refused({"a": {"b": "${a}"}})  # a mapping holding its copy
+
+
+def test_unset_values_are_refused_naming_the_key():
+    problems = _all_refused({"model": "???", "a": "${model}", "l": [1, "???"]})
+    assert problems == [
+        "config file run.yaml: model is '???' (OmegaConf's mark for a value left for you to set); set model",
+        "config file run.yaml: an interpolation at a ('${model}') cannot be resolved (MissingMandatoryValue while "
+        "resolving interpolation: Missing mandatory value: model); set the value it names",
+        "config file run.yaml: l[1] is '???' (OmegaConf's mark for a value left for you to set); set l[1]",
+    ]
 
 
 def test_missing_key_is_refused_naming_the_file_and_the_key(tmp_path):
@@ -222,14 +249,19 @@ def test_missing_key_is_refused_naming_the_file_and_the_key(tmp_path):
     with pytest.raises(ConfigError) as info:
         nemo_files.read_config_file(path)
     [problem] = info.value.problems
-    assert problem.startswith(f"config file {path}: an interpolation at policy.max_new_tokens cannot be resolved")
-    assert "${policy.max_total_seq_length} names policy.max_total_seq_length" in problem
-    assert "(did you mean 'max_total_sequence_length'?)" in problem
-    assert problem.endswith("fix the key path or add the key")
-    assert "the file has no key 'nothing'" in _refused({"a": "${nothing.x}"})
-    assert "policy holds 4, not a mapping with a key 'x'" in _refused({"policy": 4, "a": "${policy.x}"})
-    assert "betas is a list of 2, which has no item '2'" in _refused({"betas": [1, 2], "a": "${betas.2}"})
-    assert "which is '???' (a value left for you to set)" in _refused({"model": "???", "a": "${model}"})
+    assert problem == (
+        f"config file {path}: an interpolation at policy.max_new_tokens ('${{policy.max_total_seq_length}}') cannot "
+        "be resolved (Interpolation key 'policy.max_total_seq_length' not found (did you mean "
+        "'max_total_sequence_length'?)); fix the key path or add the key"
+    )
+    assert "Interpolation key 'nothing.x' not found" in _refused({"a": "${nothing.x}"})
+    assert "node `policy` is not a container and thus cannot contain `x`" in _refused({"policy": 4, "a": "${policy.x}"})
+    assert "Interpolation key 'betas.2' not found" in _refused({"betas": [1, 2], "a": "${betas.2}"})
+    # a chain: each key on it is named, the one that holds the missing key among them
+    problems = _all_refused({"first": "${second}", "second": "${x.second}", "x": {"second": "${.bad}"}})
+    assert [problem.split(" (")[0].split(": ")[1] for problem in problems] == [
+        f"an interpolation at {key}" for key in ("first", "second", "x.second")
+    ]
 
 
 def test_a_file_with_defaults_folded_lines_and_a_childs_values(tmp_path):
@@ -263,35 +295,62 @@ def test_upstream_nemo_files_resolve():
     assert "${" not in repr(plain) and "${" not in repr(megatron)
 
 
-# --- against OmegaConf, where it is installed -----------------------------------------------------------------------
-FEATURES = {
-    "n": 3,
-    "lr": 1.0e-5,
-    "on": False,
-    "betas": [0.9, 0.999],
-    "block": {"k": 1, "sibling": "${.k}", "up": "${..n}", "deep": {"x": "${...n}"}},
-    "copy": "${block}",
-    "through": "${copy.deep.x}",
-    "text": "a_${on}_${lr}_${n}",
-    "index": "${betas[1]}",
-    "escaped": "\\${n}",
-    "calls": "${max:${mul:${n}, 2}, ${add:1, 2.5}}",
-    "div": "${div:${n}, 2}",
-    "chain": "${calls}",
-}
+def test_repeated_loads_in_one_process_give_the_same_values(tmp_path):
+    path = _file(tmp_path, "a: 2\nb: ${mul:${a}, 3}\nc: ${oc.env:NRL_TEST_REPEAT,x}\n")
+    assert [nemo_files.read_config_file(path) for _ in range(2)] == [{"a": 2, "b": 6, "c": "x"}] * 2
+    os.environ["NRL_TEST_REPEAT"] = "y"  # nothing is cached between loads
+    try:
+        assert nemo_files.read_config_file(path)["c"] == "y"
+    finally:
+        del os.environ["NRL_TEST_REPEAT"]
 
 
-def test_same_values_as_omegaconf():
-    omegaconf = pytest.importorskip(
-        "omegaconf", reason="omegaconf is not installed; the hand-written cases above cover the same grammar"
+# --- against NeMo RL's own loading -----------------------------------------------------------------------------------
+def _nemo_load(path: str) -> DictConfig:
+    """A file loaded the way nemo_rl/utils/config.py loads it: OmegaConf.load, each `defaults:` file (relative to the
+    file) loaded the same way and merged in order with OmegaConf.merge, the file merged last; a mapping marked
+    `_override_: true` takes the inherited one's place instead of merging into it."""
+    config = OmegaConf.load(path)
+    if "defaults" not in config:
+        return config
+    defaults = config.pop("defaults")
+    merged = OmegaConf.create({})
+    for name in [defaults] if isinstance(defaults, str) else list(defaults):
+        merged = _nemo_merge(merged, _nemo_load(os.path.join(os.path.dirname(path), name)))
+    return _nemo_merge(merged, config)
+
+
+def _nemo_merge(base: DictConfig, update: DictConfig) -> DictConfig:
+    for key in list(update.keys()):
+        if isinstance(update[key], DictConfig) and update[key].get("_override_", False):
+            update[key].pop("_override_")
+            base.pop(key, None)
+    return OmegaConf.merge(base, update)
+
+
+def test_same_values_as_nemo_rls_loading(tmp_path):
+    _file(
+        tmp_path,
+        """\
+        n: 3
+        lr: 1.0e-5
+        flag: false
+        betas: [0.9, 0.999]
+        block: {k: 1, sibling: "${.k}", up: "${..n}", deep: {x: "${...n}"}}
+        copy: ${block}
+        through: ${copy.deep.x}
+        text: a_${flag}_${lr}_${n}
+        index: ${betas[1]}
+        escaped: \\${n}
+        calls: ${max:${mul:${n}, 2}, ${add:1, 2.5}}
+        div: ${div:${n}, 2}
+        chain: ${calls}
+        replaced: {a: 1, b: 2}
+        """,
+        name="parent.yaml",
     )
-    OmegaConf = omegaconf.OmegaConf
-    for name, function in nemo_files.NEMO_RESOLVERS.items():
-        if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, function)
-    for path in (NEMO_1B, NEMO_1B_MEGATRON):
-        merged = nemo_files._read_with_defaults(path, ())
-        expected = OmegaConf.to_container(OmegaConf.create(merged), resolve=True)
-        assert repr(resolve(merged, path, nemo_files.NEMO_RESOLVERS)) == repr(expected), path
-    expected = OmegaConf.to_container(OmegaConf.create(FEATURES), resolve=True)
-    assert repr(_resolve(FEATURES)) == repr(expected)
+    child = _file(tmp_path, "defaults: parent.yaml\nn: 5\nreplaced: {_override_: true, c: \"${n}\"}\n")
+    for path in (NEMO_1B, NEMO_1B_MEGATRON, child):
+        expected = OmegaConf.to_container(_nemo_load(path), resolve=True)
+        assert repr(nemo_files.read_config_file(path)) == repr(expected), path
+    assert nemo_files.read_config_file(child)["replaced"] == {"c": 5}
