@@ -1,5 +1,6 @@
 """What `rl.launch.sft` and `rl.launch.dpo` share: flags, the config (the RL loader for every key but the `sft:` /
-`dpo:` block, `rl.core.config.supervised`), the exit codes of `rl.launch.train`."""
+`dpo:` block, `rl.core.config.supervised`), the preflight before anything starts
+(`rl.trainer.supervised_preflight`), the exit codes of `rl.launch.train`."""
 
 from __future__ import annotations
 
@@ -10,11 +11,16 @@ from absl import flags
 from rl.backends.registry import STRATEGIES
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("strategy", None, f"Training backend, one of the registered strategies "
-                    f"({', '.join(STRATEGIES.names())}); overrides trainer.strategy.")
-flags.DEFINE_string("config", None, "YAML file layered over the defaults, before key=value overrides.")
-flags.DEFINE_string("run_dir", None, "Directory for the run's outputs (default: a new dated folder under runs/).")
-flags.DEFINE_string("ray_address", None, "Address of an existing Ray cluster to join (default: start a local one).")
+_FLAGS = {
+    "strategy": f"Training backend, one of the registered strategies ({', '.join(STRATEGIES.names())}); overrides "
+                "trainer.strategy.",
+    "config": "YAML file layered over the defaults, before key=value overrides.",
+    "run_dir": "Directory for the run's outputs (default: a new dated folder under runs/).",
+    "ray_address": "Address of an existing Ray cluster to join (default: start a local one).",
+}
+for _name, _help in _FLAGS.items():
+    if _name not in FLAGS:  # rl.launch.train's flags of the same meaning, where a process imports both (tests)
+        flags.DEFINE_string(_name, None, _help)
 
 
 def main(section: str, argv: list[str]) -> int:
@@ -24,17 +30,22 @@ def main(section: str, argv: list[str]) -> int:
     from rl.trainer.write_faults import WriteFailed
 
     try:
-        block, overrides, config_file = split_overrides(section, argv[1:], FLAGS.config)
-        cfg = load_config(overrides, config_file=config_file, strategy=FLAGS.strategy)
+        args = split_overrides(section, argv[1:], FLAGS.config)
+        cfg = load_config(args.overrides, config_file=args.config_file, strategy=FLAGS.strategy)
     except ConfigError as error:
         print(f"invalid configuration:\n{error}", file=sys.stderr)
         return 2
+    for note in args.notes:  # what the dialect tables did with the block's keys
+        print(note, flush=True)
     if section == "sft":
         from rl.trainer.sft_loop import run_sft as run
     else:
         from rl.trainer.dpo_loop import run_dpo as run
     try:
-        run_dir = run(cfg, block, FLAGS.run_dir, FLAGS.ray_address)
+        run_dir = run(cfg, args.block, FLAGS.run_dir, FLAGS.ray_address)
+    except ConfigError as error:  # what this machine lacks (rl.trainer.supervised_preflight), found before anything
+        print(f"invalid configuration:\n{error}", file=sys.stderr)
+        return 2
     except DataError as error:
         print(f"bad data: {error}", file=sys.stderr)
         return 2

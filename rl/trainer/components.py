@@ -27,7 +27,10 @@ def sampling_params(gen_cfg, seed: int, evaluation: bool = False) -> SamplingPar
 
 
 def load_datasets(cfg, train_paths: list[str], val_paths: list[str]):
-    keys = {"prompt_key": cfg.data.prompt_key, "answer_key": cfg.data.answer_key}
+    from rl.trainer.row_environments import env_class_check
+
+    keys = {"prompt_key": cfg.data.prompt_key, "answer_key": cfg.data.answer_key,
+            "env_class_check": env_class_check(cfg)}
     train = load_prompt_dataset(train_paths, **keys)
     val = load_prompt_dataset(val_paths, **keys) if val_paths else None
     return train, val

@@ -15,11 +15,12 @@ import torch
 
 from rl.core.algorithms.dpo_loss import DpoLossSettings, preference_terms
 from rl.core.config.supervised import DpoConfig
-from rl.core.data.supervised import SupervisedDataSpec, load_preference_pairs
+from rl.core.data.supervised import load_preference_pairs
 from rl.trainer.batching import attach
 from rl.trainer.sft_loop import GreedyCheck, embedded_validation_rows
 from rl.trainer.sources import EMBEDDED
 from rl.trainer.supervised import SupervisedTrainer, run_supervised
+from rl.trainer.supervised_preflight import data_spec
 
 
 class DpoTrainer(SupervisedTrainer):
@@ -29,16 +30,16 @@ class DpoTrainer(SupervisedTrainer):
         from transformers import AutoTokenizer
 
         model_path, train, val, embedded = _sources(cfg, run_dir)
-        spec = SupervisedDataSpec(prompt_key=block.prompt_key, chosen_key=block.chosen_key,
-                                  rejected_key=block.rejected_key, max_length=block.max_length,
-                                  truncate=block.truncate, section="dpo")
+        spec = data_spec("dpo", block)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.train = load_preference_pairs(tokenizer, train, spec)
         self.val = load_preference_pairs(tokenizer, val, spec) if val else None
         self.val_ref: list | None = None  # the reference's logprobs of the validation pairs, computed once
         self.greedy = GreedyCheck(model_path, embedded_validation_rows(cfg.trainer.seed)) if embedded else None
         self.settings = DpoLossSettings(beta=block.beta, loss_type=block.loss_type,
+                                        preference_loss_weight=block.preference_loss_weight,
                                         sft_loss_weight=block.sft_loss_weight,
+                                        sft_average_log_probs=block.sft_average_log_probs,
                                         preference_average_log_probs=block.preference_average_log_probs)
         print(f"dpo: {len(self.train)} training pairs, {len(self.val or [])} validation pairs", flush=True)
         super().__init__(cfg, run_dir, model_path, len(self.train), block.max_length, with_ref=True, paired=True)
@@ -91,4 +92,5 @@ def _sources(cfg, run_dir: str) -> tuple[str, list[str], list[str], bool]:
 
 
 def run_dpo(cfg, block: DpoConfig, run_dir: str | None = None, ray_address: str | None = None) -> str:
-    return run_supervised(cfg, lambda cfg, run_dir: DpoTrainer(cfg, run_dir, block), run_dir, ray_address)
+    return run_supervised(cfg, "dpo", block, lambda cfg, run_dir: DpoTrainer(cfg, run_dir, block), run_dir,
+                          ray_address)

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from rl.core.environments import make_environment_factory
 from rl.trainer.multi_turn import EnvSettings, Trajectory, run_episodes
+from rl.trainer.row_environments import row_environment_factory
 
 
 def context_limit(cfg, model_path: str) -> int:
@@ -41,7 +42,8 @@ class Episodes:
 
         make_env = make_environment_factory(env.env_class, "environment.env_class", env.env_options)
         settings = EnvSettings(max_workers=env.max_env_workers, step_timeout_s=env.step_timeout_s,
-                               on_error=cfg.data.reward_on_error, reference=env.env_class)
+                               on_error=cfg.data.reward_on_error, reference=env.env_class,
+                               row_environment=row_environment_factory())
         return cls(make_env, tokenizer, cfg.generator.max_turns, context_limit(cfg, model_path), settings)
 
     def run(self, generate, records, prompts: list[list[int]], params) -> list[Trajectory]:

@@ -82,12 +82,15 @@ class EnvSettings:
         on_error: `data.reward_on_error`: `fail` ends the run at a failed call; `zero` ends that episode with
             reward 0, and only a batch whose every episode failed ends the run.
         reference: `environment.env_class` as configured, for messages.
+        row_environment: builds the factory of the environment a row's own `env_class` names, which plays that
+            row's episodes in place of `make_env` (SkyRL's rule); None: every episode uses `make_env`.
     """
 
     max_workers: int = 1
     step_timeout_s: float | None = None
     on_error: str = "fail"
     reference: str = ""
+    row_environment: Callable[[str], Callable[[], Environment]] | None = None
 
 
 def run_episodes(
@@ -169,11 +172,19 @@ class EnvironmentCalls:
         self.make_env, self.records, self.episodes, self.settings = make_env, records, episodes, settings
         self.pool = CallPool(settings.max_workers, settings.step_timeout_s)
         self.class_name = environment_class_name(make_env)
+        self.factories = [self.factory(self.record(i)) for i in range(len(episodes))]
+
+    def factory(self, record: PromptRecord) -> Callable[[], Environment]:
+        """The row's own environment when it names one other than the run's, else the run's."""
+        name = record.env_class
+        if name is None or name == self.settings.reference or self.settings.row_environment is None:
+            return self.make_env
+        return self.settings.row_environment(name)
 
     def start(self) -> list[Environment | None]:
         """One environment per episode, started on its record; None where building or starting it failed."""
         everyone = range(len(self.episodes))
-        built = self.run("__init__", {i: self.make_env for i in everyone})
+        built = self.run("__init__", {i: self.factories[i] for i in everyone})
         started = self.run("start", {i: functools.partial(built[i].start, self.record(i)) for i in built})
         return [built[i] if i in started else None for i in everyone]
 
@@ -200,8 +211,11 @@ class EnvironmentCalls:
         problem, fix = describe_failure(outcome, call, self.settings.step_timeout_s)
         episode = self.episodes[index]
         position = f"turn {episode.turns}" if call == "step" else "before the first turn"
-        line = (f"environment.env_class={self.settings.reference or self.class_name}: {self.class_name}.{call} on "
-                f"{describe_row(self.record(index))} (sample {episode.sample_index}, {position}) {problem}")
+        record, class_name = self.record(index), environment_class_name(self.factories[index])
+        named = f"env_class={record.env_class}" if self.factories[index] is not self.make_env else (
+            f"environment.env_class={self.settings.reference or self.class_name}")
+        line = (f"{named}: {class_name}.{call} on "
+                f"{describe_row(record)} (sample {episode.sample_index}, {position}) {problem}")
         if outcome.fatal:
             raise EpisodeError(line)
         if self.settings.on_error == "fail":

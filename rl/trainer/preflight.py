@@ -25,7 +25,10 @@ from rl.trainer.sources import EMBEDDED, EMBEDDED_TEACHER
 def _data_problems(cfg, loaded: dict) -> list[str]:
     """The prompt files load; each loaded dataset is kept in `loaded` by its key for the checks after."""
     found = []
-    keys = {"prompt_key": cfg.data.prompt_key, "answer_key": cfg.data.answer_key}
+    from rl.trainer.row_environments import env_class_check
+
+    keys = {"prompt_key": cfg.data.prompt_key, "answer_key": cfg.data.answer_key,
+            "env_class_check": env_class_check(cfg)}
     for key, paths in (("data.train_data", cfg.data.train_data), ("data.val_data", cfg.data.val_data or [])):
         given = [path for path in paths if path != EMBEDDED]
         if not given:

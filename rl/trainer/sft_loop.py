@@ -8,15 +8,17 @@ accuracy under the task's verifier.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
 
 from rl.core.algorithms.sft_loss import SftLossSettings
 from rl.core.config.supervised import SftConfig
-from rl.core.data.supervised import SupervisedDataSpec, load_sft_examples
+from rl.core.data.supervised import load_sft_examples
 from rl.trainer.sources import EMBEDDED
 from rl.trainer.supervised import SupervisedTrainer, run_supervised
+from rl.trainer.supervised_preflight import data_spec
 
 GREEDY_MAX_NEW_TOKENS = 32
 
@@ -60,10 +62,8 @@ class SftTrainer(SupervisedTrainer):
         if embedded and block.response_key == SftConfig.response_key:
             from rl.tasks.embedded.supervised import RESPONSE_KEY
 
-            block = type(block)(**{**block.__dict__, "response_key": RESPONSE_KEY})
-        spec = SupervisedDataSpec(messages_key=block.messages_key, prompt_key=block.prompt_key,
-                                  response_key=block.response_key, max_length=block.max_length,
-                                  truncate=block.truncate, section="sft")
+            block = dataclasses.replace(block, response_key=RESPONSE_KEY)
+        spec = data_spec("sft", block)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.train = load_sft_examples(tokenizer, train, spec)
         self.val = load_sft_examples(tokenizer, val, spec) if val else None
@@ -101,4 +101,5 @@ def _sources(cfg, run_dir: str) -> tuple[str, list[str], list[str], bool]:
 
 
 def run_sft(cfg, block: SftConfig, run_dir: str | None = None, ray_address: str | None = None) -> str:
-    return run_supervised(cfg, lambda cfg, run_dir: SftTrainer(cfg, run_dir, block), run_dir, ray_address)
+    return run_supervised(cfg, "sft", block, lambda cfg, run_dir: SftTrainer(cfg, run_dir, block), run_dir,
+                          ray_address)

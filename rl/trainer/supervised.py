@@ -50,6 +50,7 @@ class SupervisedTrainer:
 
     kind = "sft"
     settings = None  # the loss settings (`SupervisedLossSettings`)
+    record: dict | None = None  # the run's config for the loggers, block included (`run_supervised` sets it)
 
     def __init__(self, cfg, run_dir: str, model_path: str, num_rows: int, max_length: int, with_ref: bool,
                  paired: bool = False):
@@ -82,7 +83,7 @@ class SupervisedTrainer:
         self.ref_batching = (dataclasses.replace(self.batching, dp_size=self.ref_group.dp_size)
                              if self.ref_group is not None else None)
         self.metrics = MetricsLogger(self.run_dir, list(trainer.logger), trainer.project_name, trainer.run_name,
-                                     config_to_dict(cfg))
+                                     self.record or config_to_dict(cfg))
 
     # --- what a driver supplies ---------------------------------------------------------------------------
     def batch_sequences(self, rows: list[int]) -> list[dict]:
@@ -204,19 +205,25 @@ def _due(step: int, interval: int, last: int | None = None) -> bool:
     return bool(interval) and (step % interval == 0 or step == last)
 
 
-def run_supervised(cfg, make_trainer, run_dir: str | None = None, ray_address: str | None = None) -> str:
-    """Runs a supervised trainer (`make_trainer(cfg, run_dir)`) with Ray around it; returns the run directory."""
+def run_supervised(cfg, section: str, block, make_trainer, run_dir: str | None = None,
+                   ray_address: str | None = None) -> str:
+    """Runs a supervised trainer (`make_trainer(cfg, run_dir)`) with Ray around it; returns the run directory.
+    Nothing is created before the preflight passes (`supervised_preflight`, a ConfigError naming every problem);
+    the run directory's config.yaml holds the `section` block beside the rest."""
     import torch
 
-    from rl.core.config import save_config
+    from rl.core.config.supervised import save_supervised_config, supervised_config_dict
     from rl.trainer.placement import machine_cores, make_plan
     from rl.trainer.run import default_run_dir, prepare_run_dir
+    from rl.trainer.supervised_preflight import supervised_preflight
     from rl.trainer.worker_group import start_ray, stop_ray
 
+    supervised_preflight(cfg, section, block, ray_address)
     run_dir = prepare_run_dir(run_dir or default_run_dir(), cfg.trainer.resume_mode)
-    save_config(cfg, os.path.join(run_dir, "config.yaml"))
+    save_supervised_config(cfg, section, block, os.path.join(run_dir, "config.yaml"))
     print(f"run directory: {run_dir}", flush=True)
     trainer = make_trainer(cfg, run_dir)  # data read and checked before Ray starts
+    trainer.record = supervised_config_dict(cfg, section, block)
     start_ray(run_dir, ray_address, slots=make_plan(cfg, torch.cuda.is_available(), machine_cores()).slots)
     try:
         trainer.start()

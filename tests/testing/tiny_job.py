@@ -40,14 +40,20 @@ def make_tiny_job(directory: str, seed: int = 0) -> TinyJob:
 
 
 def run_train(run_dir: str, overrides: list[str], timeout: int = 600, env_extra: dict | None = None,
-              own_ray: bool = False) -> subprocess.CompletedProcess:
-    """The launcher in a subprocess on one torch thread per process (`rl.launch.subprocess_run`), joining the test
-    process's Ray cluster (`ray_cluster.shared_ray_address`). A run with `env_extra` (which the cluster's workers
-    would not see) or `own_ray` starts a Ray instance of its own, as a user's run does."""
+              own_ray: bool = False, module: str = "rl.launch.train", check: bool = False
+              ) -> subprocess.CompletedProcess:
+    """The launcher `module` (`rl.launch.train`, or one with its flags: `rl.launch.sft`, `rl.launch.dpo`) in a
+    subprocess on one torch thread per process (`rl.launch.subprocess_run`), joining the test process's Ray cluster
+    (`ray_cluster.shared_ray_address`). A run with `env_extra` (which the cluster's workers would not see) or
+    `own_ray` starts a Ray instance of its own, as a user's run does. `check`: assert that it succeeded, showing the
+    end of its stderr otherwise."""
     from rl.launch.subprocess_run import run_train as run_launcher
 
     if not (own_ray or env_extra or any(arg.startswith("--ray_address") for arg in overrides)):
         from tests.testing.ray_cluster import shared_ray_address
 
         overrides = [*overrides, f"--ray_address={shared_ray_address()}"]
-    return run_launcher(run_dir, overrides, threads=1, timeout=timeout, env_extra=env_extra)
+    result = run_launcher(run_dir, overrides, threads=1, timeout=timeout, env_extra=env_extra, module=module)
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result

@@ -8,9 +8,11 @@ reference model's summed response-token logprobs (the loss mask marks the respon
     h_w = log pi(y_w | x) - log pi_ref(y_w | x),   h_l = log pi(y_l | x) - log pi_ref(y_l | x)
     sigmoid (DPO):  l = -log sigmoid(beta * (h_w - h_l))
     ipo:            l = (h_w - h_l - 1 / (2 * beta))^2
-    loss = mean over the mini-batch's pairs of l  +  sft_loss_weight * mean over pairs of NLL(y_w)
+    loss = preference_loss_weight * mean over the mini-batch's pairs of l  +  sft_loss_weight * mean over pairs of
+           NLL(y_w)
 
-where NLL(y_w) is the chosen response's mean token NLL (NeMo RL's `sft_loss_weight`). With
+where NLL(y_w) is the chosen response's summed token NLL, or with `sft_average_log_probs` its mean (NeMo RL's
+`preference_loss_weight`, `sft_loss_weight`, `sft_average_log_probs`, with their meanings there). With
 `preference_average_log_probs` h is the mean over the response's tokens instead of the sum (NeMo RL's key; IPO's
 length normalisation). Metrics (means over pairs): rewards_chosen = beta * h_w, rewards_rejected = beta * h_l,
 reward margin, preference accuracy (h_w > h_l).
@@ -33,11 +35,13 @@ DPO_LOSS_TYPES = ("sigmoid", "ipo")
 
 @dataclass(frozen=True)
 class DpoLossSettings(SupervisedLossSettings):
-    """`dpo.beta`, `dpo.loss_type`, `dpo.sft_loss_weight`, `dpo.preference_average_log_probs`."""
+    """The `dpo:` block's loss keys (`rl.core.config.supervised.DpoConfig`), with its defaults."""
 
     beta: float = 0.1
     loss_type: str = "sigmoid"
+    preference_loss_weight: float = 1.0
     sft_loss_weight: float = 0.0
+    sft_average_log_probs: bool = False
     preference_average_log_probs: bool = False
 
     def __post_init__(self) -> None:
@@ -45,8 +49,9 @@ class DpoLossSettings(SupervisedLossSettings):
             raise ValueError(f"dpo.loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, got {self.loss_type!r}")
         if not self.beta > 0:
             raise ValueError(f"dpo.beta must be > 0, got {self.beta}")
-        if self.sft_loss_weight < 0:
-            raise ValueError(f"dpo.sft_loss_weight must be >= 0, got {self.sft_loss_weight}")
+        for name in ("preference_loss_weight", "sft_loss_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"dpo.{name} must be >= 0, got {getattr(self, name)}")
 
     def compute(self, logprobs: Tensor, batch, normalizer: LossNormalizer) -> tuple[Tensor, dict[str, Tensor]]:
         return compute_dpo_loss(self, logprobs, batch.ref_logprobs, batch.loss_mask, batch.token_seq_ids(),
@@ -67,7 +72,8 @@ def sequence_sums(values: Tensor, mask: Tensor, seq_ids: Tensor, num_sequences: 
 
 def preference_terms(settings: DpoLossSettings, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor,
                      seq_ids: Tensor, num_sequences: int) -> dict[str, Tensor]:
-    """Per pair: `h_w`, `h_l` (log-ratios), `loss` (the preference loss l) and `nll_w` (chosen's mean NLL)."""
+    """Per pair: `h_w`, `h_l` (log-ratios), `loss` (the preference loss l) and `nll_w` (chosen's NLL, summed or
+    with `sft_average_log_probs` averaged over its tokens)."""
     sums, counts = sequence_sums(logprobs - ref_logprobs, mask, seq_ids, num_sequences)
     nll, _ = sequence_sums(-logprobs, mask, seq_ids, num_sequences)
     counts = counts.clamp(min=1)
@@ -78,7 +84,8 @@ def preference_terms(settings: DpoLossSettings, logprobs: Tensor, ref_logprobs: 
         loss = -F.logsigmoid(settings.beta * margin)
     else:
         loss = (margin - 1.0 / (2.0 * settings.beta)) ** 2
-    return {"h_w": h_w, "h_l": h_l, "loss": loss, "nll_w": nll[0::2] / counts[0::2]}
+    nll_w = nll[0::2] / counts[0::2] if settings.sft_average_log_probs else nll[0::2]
+    return {"h_w": h_w, "h_l": h_l, "loss": loss, "nll_w": nll_w}
 
 
 def compute_dpo_loss(settings: DpoLossSettings, logprobs: Tensor, ref_logprobs: Tensor | None, loss_mask: Tensor,
@@ -96,7 +103,9 @@ def compute_dpo_loss(settings: DpoLossSettings, logprobs: Tensor, ref_logprobs: 
     pairs = pair_count(normalizer)
     preference = terms["loss"].sum() / pairs
     sft = terms["nll_w"].sum() / pairs
-    loss = preference + settings.sft_loss_weight * sft if settings.sft_loss_weight else preference
+    loss = settings.preference_loss_weight * preference
+    if settings.sft_loss_weight:
+        loss = loss + settings.sft_loss_weight * sft
     beta = settings.beta
     metrics = {"dpo_loss": preference.detach(), "sft_loss": sft.detach(),
                "rewards_chosen": (beta * terms["h_w"]).detach().sum() / pairs,

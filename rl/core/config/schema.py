@@ -3,7 +3,9 @@
 The dataclasses carry types; every value, defaults included, comes from `defaults.yaml` (a test checks that the two
 name the same keys). The training strategies' own blocks (`trainer.policy.fsdp_config`, `deepspeed_config`, ...) are
 declared, with their defaults, by the strategies in `rl/backends` (see `rl.core.config.strategies`). Build a
-`Config` with `load_config` or `config_from_dict`, which check types and values.
+`Config` with `load_config` or `config_from_dict`, which check types and values. The `sft:` and `dpo:` blocks of the
+supervised and preference launchers (`rl.launch.sft`, `rl.launch.dpo`) are declared and documented, with their
+defaults, in `rl.core.config.supervised`.
 """
 
 from __future__ import annotations
@@ -512,10 +514,14 @@ class DataConfig:
     """Column holding the prompt."""
 
     answer_key: str
-    """Column holding the reference answer given to the reward function."""
+    """Column holding the reference answer given to the reward function. A row without that column takes its
+    answer from `reward_spec.ground_truth` (the layout SkyRL's data preparation scripts write); a row with neither
+    prompt_key nor answer_key but a `messages` conversation ending in an assistant message (NeMo RL's math data)
+    takes the messages before it as the prompt and its content as the answer."""
 
     reward_fn: list[str]
-    """The reward: a registered name (`gsm8k`, `gsm8k_flexible`; `reward_model` and `llm_judge` for the models of
+    """The reward: a registered name (`gsm8k`, `gsm8k_flexible`, `gsm8k_skyrl`: SkyRL-gym's grading, the first
+    `#### N` compared as text; `reward_model` and `llm_judge` for the models of
     trainer.reward), your own `package.module:function` or
     `path/to/file.py:function`, or a list of them (summed with reward_weights). A function is called as
     `fn(response, answer, **fields)` with the row's other columns it names (all with **kwargs; `prompt`,
@@ -550,13 +556,19 @@ class EnvironmentConfig:
     """Multi-turn environments (SkyRL's `environment` block)."""
 
     env_class: str | None
-    """The environment each episode runs in: a registered name (`arith_retry`: the embedded task with a second
+    """The environment each episode runs in: a registered name (`gsm8k_multi_turn`: SkyRL-gym's multi-turn GSM8K,
+    rl/tasks/gsm8k/environments.py; `gsm8k`, SkyRL-gym's single-turn one, is read as data.reward_fn=gsm8k_skyrl
+    with env_class null; `arith_retry`: the embedded task with a second
     attempt after a wrong answer) or your own `package.module:Class` / `path/to/file.py:Class`, a subclass of
     `rl.core.environments.Environment`. Its step rewards (summed) are the episode's reward, in place of
     data.reward_fn. null: single-turn generation scored by data.reward_fn."""
 
     env_options: dict[str, Any]
-    """Keyword arguments for the environment class (e.g. {attempts: 3} for arith_retry)."""
+    """Keyword arguments for the environment class (e.g. {attempts: 3} for arith_retry; {max_turns: 5,
+    chat_format: chatml} for gsm8k_multi_turn, whose max_turns is generator.max_turns unless given here, as SkyRL's
+    generator sets it). A data row's own `env_class` column names the environment of that row's episodes in place
+    of env_class, as in SkyRL, and gets no options; in a single-turn run (env_class null) a row may name only
+    `gsm8k`, with data.reward_fn=gsm8k_skyrl. Any other row's env_class is refused naming the file and row."""
 
     step_timeout_s: float | None
     """Seconds one call into an environment (building it, `start`, each `step`) may take. Past it the call is

@@ -15,17 +15,23 @@ import yaml
 
 class _Loader(yaml.SafeLoader):
     """SafeLoader that also resolves exponent floats without a dot (`1e-6`, `3E2`) and refuses a key given twice in
-    one mapping (PyYAML would keep the last silently)."""
+    one mapping (PyYAML would keep the last silently). Merge keys (`<<: *anchor`) work as in PyYAML's safe_load:
+    a key written in the mapping overrides the one merged in, so only keys written twice are refused."""
 
-    def construct_mapping(self, node, deep=False):
-        seen: set = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key '{key}' appears twice in one mapping; keep one", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+    def flatten_mapping(self, node):
+        # Checked before the merge: flattening puts the merged entries into node.value next to the written ones.
+        if not getattr(node, "keys_checked", False):
+            seen: set = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<` is no key of the mapping: its entries are merged in below
+                key = self.construct_object(key_node, deep=True)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key '{key}' appears twice in one mapping; keep one", key_node.start_mark)
+                seen.add(key)
+            node.keys_checked = True
+        super().flatten_mapping(node)
 
 
 _Loader.add_implicit_resolver(

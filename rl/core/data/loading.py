@@ -3,22 +3,33 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rl.core.data.errors import DataError
+from rl.core.data.layouts import prompt_and_answer
 from rl.core.data.readers import RawRow, read_rows
 from rl.core.data.records import PromptDataset, PromptRecord, parse_prompt
 
+EnvClassCheck = Callable[[str], str | None]
+"""Given a row's `env_class`, the problem with it in this run (and how to fix it), or None when it is fine."""
+
 
 def load_prompt_dataset(
-    paths: Sequence[str | Path], prompt_key: str = "prompt", answer_key: str = "answer"
+    paths: Sequence[str | Path],
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    env_class_check: EnvClassCheck | None = None,
 ) -> PromptDataset:
     """Read prompts from every file in `paths` (parquet or jsonl, `~` expanded), in order.
 
-    Each row needs `prompt_key` (text or a list of chat messages) and `answer_key` (a string or number). Optional
-    columns: `data_source` (defaults to the file's name without extension) and `index` (defaults to the row's
-    0-based position in its file). Raises `DataError` for a missing, unreadable or empty file, an unsupported
+    Each row needs `prompt_key` (text or a list of chat messages) and `answer_key` (a string or number); a row
+    without an `answer_key` column takes its answer from `reward_spec.ground_truth` (SkyRL's layout), and one
+    with neither column but a `messages` conversation ending in the assistant's answer is read as NeMo RL's math
+    data (`rl.core.data.layouts`). Optional
+    columns: `data_source` (defaults to the file's name without extension), `index` (defaults to the row's 0-based
+    position in its file) and `env_class` (the environment that plays the row's episodes, a string or null; each
+    is passed to `env_class_check`). Raises `DataError` for a missing, unreadable or empty file, an unsupported
     extension, or a missing/invalid key, naming the file and row at fault.
     """
     if isinstance(paths, str | Path):
@@ -31,32 +42,35 @@ def load_prompt_dataset(
         rows = read_rows(path)
         if not rows:
             raise DataError(f"{path}: the file holds no rows; remove it from the list or regenerate it")
-        records.extend(_to_record(row, position, path, prompt_key, answer_key) for position, row in enumerate(rows))
+        records.extend(_to_record(row, position, path, prompt_key, answer_key, env_class_check)
+                       for position, row in enumerate(rows))
     return PromptDataset(records, files=tuple(str(path) for path in resolved))
 
 
-def _to_record(row: RawRow, position: int, path: Path, prompt_key: str, answer_key: str) -> PromptRecord:
-    prompt = parse_prompt(_required(row, prompt_key, "prompt_key"), row.where)
+def _to_record(row: RawRow, position: int, path: Path, prompt_key: str, answer_key: str,
+               env_class_check: EnvClassCheck | None) -> PromptRecord:
+    prompt, answer, answer_from = prompt_and_answer(row, prompt_key, answer_key)
     return PromptRecord(
-        prompt=prompt,
-        answer=_answer_text(_required(row, answer_key, "answer_key"), row.where, answer_key),
+        prompt=parse_prompt(prompt, row.where),
+        answer=_answer_text(answer, row.where, answer_from),
         data_source=_data_source(row, path),
         index=_index(row, position),
-        fields={k: v for k, v in row.values.items() if k not in (prompt_key, answer_key, "data_source", "index")},
+        fields={k: v for k, v in row.values.items()
+                if k not in (prompt_key, answer_key, "data_source", "index", "env_class")},
         where=row.where,
+        env_class=_env_class(row, env_class_check),
     )
 
 
-def _required(row: RawRow, key: str, option: str) -> object:
-    if key not in row.values:
-        found = ", ".join(sorted(row.values)) or "(none)"
-        raise DataError(
-            f"{row.where}: no column '{key}' (columns found: {found}); "
-            f"add it to the file or pass {option}= naming the column that holds it"
-        )
-    value = row.values[key]
+def _env_class(row: RawRow, check: EnvClassCheck | None) -> str | None:
+    value = row.values.get("env_class")
     if value is None:
-        raise DataError(f"{row.where}: column '{key}' is null; every row needs a value")
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{row.where}: column 'env_class' must be an environment name or null, got {value!r:.80}")
+    problem = check(value) if check is not None else None
+    if problem:
+        raise DataError(f"{row.where}: env_class {value!r} {problem}")
     return value
 
 

@@ -35,7 +35,8 @@ class PromptRecord:
     `prompt` is plain text or a tuple of chat messages; `answer` is the reference the reward function checks against;
     `data_source` names the dataset (it can pick the reward function); `index` is the row's id within its source.
     `fields` holds the row's other columns (a user's reward function can ask for them by name); `where` locates the
-    row for messages ("train.parquet row 7").
+    row for messages ("train.parquet row 7"). `env_class` is the environment the row's own `env_class` column
+    names (None without one): it plays the row's episodes in place of environment.env_class, as in SkyRL.
     """
 
     prompt: Prompt
@@ -44,6 +45,7 @@ class PromptRecord:
     index: int
     fields: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
     where: str = field(default="", compare=False, hash=False)
+    env_class: str | None = None
 
     @property
     def is_chat(self) -> bool:

@@ -67,18 +67,23 @@ def _render(tokenizer, messages: list[dict], generation_prompt: bool = False) ->
                                                          tokenize=False))
 
 
-def encode_conversation(tokenizer, messages: list[dict], where: str) -> tuple[list[int], list[bool]]:
-    """(token ids, loss mask on the assistant turns' tokens) of a conversation through the chat template."""
+def check_turns(messages: list[dict], where: str) -> None:
+    """A conversation to learn from: an assistant turn, and a prompt before the first."""
     if not any(m["role"] == "assistant" for m in messages):
         raise DataError(f"{where}: the conversation has no assistant turn, so nothing to learn from; add one or drop "
                         "the row")
+    if messages[0]["role"] == "assistant":
+        raise DataError(f"{where}: the conversation starts with an assistant turn; put the prompt before it")
+
+
+def encode_conversation(tokenizer, messages: list[dict], where: str) -> tuple[list[int], list[bool]]:
+    """(token ids, loss mask on the assistant turns' tokens) of a conversation through the chat template."""
+    check_turns(messages, where)
     ids = _render(tokenizer, messages)
     mask = [False] * len(ids)
     for turn, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        if turn == 0:
-            raise DataError(f"{where}: the conversation starts with an assistant turn; put the prompt before it")
         start = len(_render(tokenizer, messages[:turn], generation_prompt=True))
         upto = _render(tokenizer, messages[:turn + 1])
         if ids[:len(upto)] != upto or start > len(upto):
@@ -104,6 +109,11 @@ def _example(ids: list[int], mask: list[bool], spec: SupervisedDataSpec, where: 
 
 def sft_example(tokenizer, row: RawRow, spec: SupervisedDataSpec) -> dict[str, torch.Tensor]:
     """One row as {input_ids, loss_mask}: from `messages_key`, else `prompt_key` + `response_key`."""
+    return _example(*encode_conversation(tokenizer, sft_messages(row, spec), row.where), spec, row.where)
+
+
+def sft_messages(row: RawRow, spec: SupervisedDataSpec) -> list[dict[str, str]]:
+    """The conversation of one row, checked (columns, roles, an assistant turn) without a tokenizer."""
     values, where = row.values, row.where
     if spec.messages_key in values and values[spec.messages_key] is not None:
         messages = _messages(values[spec.messages_key], where, spec.messages_key)
@@ -117,7 +127,8 @@ def sft_example(tokenizer, row: RawRow, spec: SupervisedDataSpec) -> dict[str, t
         raise DataError(f"{where}: no '{spec.messages_key}' column and no '{spec.prompt_key}'/'{spec.response_key}' "
                         f"pair; set {spec.section}.messages_key, or {spec.section}.prompt_key and "
                         f"{spec.section}.response_key, to the file's columns")
-    return _example(*encode_conversation(tokenizer, messages, where), spec, where)
+    check_turns(messages, where)
+    return messages
 
 
 def _response(values: dict, key: str, option: str, where: str) -> str:
@@ -133,6 +144,13 @@ def _response(values: dict, key: str, option: str, where: str) -> str:
 
 def preference_pair(tokenizer, row: RawRow, spec: SupervisedDataSpec) -> tuple[dict, dict]:
     """(chosen, rejected) examples of a row, each prompt + response with the response in the loss."""
+    return tuple(_example(*encode_conversation(tokenizer, conversation, row.where), spec, row.where)
+                 for conversation in preference_conversations(row, spec))
+
+
+def preference_conversations(row: RawRow, spec: SupervisedDataSpec) -> tuple[list[dict], list[dict]]:
+    """(prompt + chosen, prompt + rejected) of one row, checked (columns, roles, distinct responses) without a
+    tokenizer."""
     values, where = row.values, row.where
     if spec.prompt_key not in values:
         raise DataError(f"{where}: no '{spec.prompt_key}' column; set {spec.section}.prompt_key to the file's column")
@@ -142,15 +160,25 @@ def preference_pair(tokenizer, row: RawRow, spec: SupervisedDataSpec) -> tuple[d
     if chosen == rejected:
         raise DataError(f"{where}: chosen and rejected responses are identical, so the pair prefers nothing; fix or "
                         "drop the row")
-    return tuple(_example(*encode_conversation(tokenizer, [*prompt, {"role": "assistant", "content": text}], where),
-                          spec, where) for text in (chosen, rejected))
+    return tuple([*prompt, {"role": "assistant", "content": text}] for text in (chosen, rejected))
 
 
 def _rows(paths: Sequence[str | Path]) -> list[RawRow]:
     rows = [row for path in paths for row in read_rows(Path(path).expanduser())]
     if not rows:
-        raise DataError(f"{', '.join(map(str, paths))}: no rows; point data.train_data at a non-empty file")
+        raise DataError(f"{', '.join(map(str, paths))}: no rows; point data.train_data (or data.val_data) at files "
+                        "that hold some")
     return rows
+
+
+def check_rows(paths: Sequence[str | Path], spec: SupervisedDataSpec, paired: bool) -> int:
+    """How many rows the files hold, each checked as `sft_messages` (or `preference_conversations` when `paired`)
+    checks it: what can be known without the tokenizer, for a check before anything starts."""
+    rows = _rows(paths)
+    check = preference_conversations if paired else sft_messages
+    for row in rows:
+        check(row, spec)
+    return len(rows)
 
 
 def load_sft_examples(tokenizer, paths: Sequence[str | Path], spec: SupervisedDataSpec) -> list[dict]:

@@ -201,6 +201,30 @@ def test_arith_retry_asks_again_after_a_wrong_answer(setup):
             assert trajectory.metrics["solved"] == 1.0 or trajectory.turns == 2
 
 
+def test_a_rows_env_class_plays_its_episodes_in_place_of_the_runs(setup):
+    """SkyRL's rule: a row's env_class picks its environment; rows without one play in the run's (EndlessEnv)."""
+    import dataclasses
+
+    from rl.tasks.gsm8k.skyrl_grading import skyrl_score
+    from rl.trainer.multi_turn import EnvSettings
+    from rl.trainer.row_environments import row_environment_factory
+
+    tokenizer, engine, records, prompt_ids = setup
+    tagged = [dataclasses.replace(r, env_class="gsm8k" if i % 2 else None) for i, r in enumerate(records)]
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=6, seed=SEED,
+                            stop_token_ids=tuple(tokenizer.convert_tokens_to_ids(list(DIGITS))))
+    settings = EnvSettings(reference="endless", row_environment=row_environment_factory())
+    trajectories = run_episodes(engine.generate, tokenizer, EndlessEnv, tagged, prompt_ids, params, 3, 128, settings)
+    for trajectory in trajectories:
+        record = tagged[trajectory.prompt_index]
+        if record.env_class == "gsm8k":  # SkyRL-gym's single-turn gsm8k: one graded turn
+            assert (trajectory.turns, trajectory.finish_reason) == (1, "stop")
+            assert trajectory.reward == skyrl_score(trajectory.response_text, record.answer)
+        else:
+            assert trajectory.reward == pytest.approx(0.25 * trajectory.turns)
+            assert trajectory.turns == 3 or trajectory.finish_reason == "length"
+
+
 def test_prompts_without_room_and_bad_turn_limits_are_refused(setup):
     tokenizer, engine, records, prompt_ids = setup
     params = SamplingParams(max_new_tokens=4)

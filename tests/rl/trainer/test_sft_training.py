@@ -1,38 +1,29 @@
 """`rl.launch.sft` end to end on the embedded job (fsdp2, packed micro-batches): the untrained model's assistant-token
 loss falls from about ln(vocabulary) and validation loss with it; a run resumed from the step-2 checkpoint logs the
 uninterrupted run's metrics for steps 3-4; the step-4 export loads in transformers and scores the validation
-conversations as the run's own `val_loss` did (within float32 rounding, `tests.testing.tolerances`); bad data is
-refused before Ray starts, naming the row."""
+conversations as the run's own `val_loss` did (within float32 rounding, `tests.testing.tolerances`). Bad input:
+tests/rl/trainer/test_supervised_preflight.py."""
 
-import json
 import math
-import shutil
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rl.core.data.supervised import SupervisedDataSpec, load_sft_examples
-from rl.launch.subprocess_run import run_train
 from rl.trainer.metrics import read_metrics
 from tests.testing import tolerances
-from tests.testing.ray_cluster import shared_ray_address
+from tests.testing.tiny_job import run_train
 
 COMMON = ["trainer.max_steps=4", "trainer.train_batch_size=32", "trainer.eval_interval=4",
           "trainer.eval_before_train=true", "trainer.policy.optimizer_config.lr=3e-3", "trainer.ckpt_interval=2"]
 
 
-def _launch(run_dir, overrides):
-    result = run_train(str(run_dir), [*overrides, f"--ray_address={shared_ray_address()}"], timeout=600,
-                       module="rl.launch.sft")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return read_metrics(str(run_dir / "metrics.jsonl"))
-
-
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("sft") / "run"
-    return run_dir, _launch(run_dir, [*COMMON, "trainer.hf_save_interval=4"])
+    run_train(str(run_dir), [*COMMON, "trainer.hf_save_interval=4"], module="rl.launch.sft", check=True)
+    return run_dir, read_metrics(str(run_dir / "metrics.jsonl"))
 
 
 def test_loss_falls_from_chance_on_assistant_tokens(first_run):
@@ -48,8 +39,10 @@ def test_loss_falls_from_chance_on_assistant_tokens(first_run):
 
 def test_resumed_run_logs_the_uninterrupted_metrics(first_run, tmp_path):
     run_dir, rows = first_run
-    resumed = _launch(tmp_path / "resumed", [*COMMON, "trainer.eval_before_train=false",
-                                             f"trainer.resume_mode={run_dir / 'checkpoints' / 'global_step_2'}"])
+    run_train(str(tmp_path / "resumed"), [*COMMON, "trainer.eval_before_train=false",
+                                          f"trainer.resume_mode={run_dir / 'checkpoints' / 'global_step_2'}"],
+              module="rl.launch.sft", check=True)
+    resumed = read_metrics(str(tmp_path / "resumed" / "metrics.jsonl"))
     want = {row["step"]: row for row in rows}
     got = {row["step"]: row for row in resumed}
     assert sorted(got) == [3, 4]
@@ -80,16 +73,3 @@ def test_export_loads_in_transformers_and_scores_as_the_run(first_run):
     tolerances.assert_within(torch.tensor(nll / tokens), torch.tensor(want), gap + 2 * tolerances.gamma(
         tokens, torch.float32) * want, "exported model's validation loss")
 
-
-def test_bad_data_is_refused_before_ray_starts(tmp_path):
-    data = tmp_path / "chat.jsonl"
-    good = {"messages": [{"role": "user", "content": "What is 1 + 2?"}, {"role": "assistant", "content": "3"}]}
-    bad = {"messages": [{"role": "user", "content": "What is 1 + 2?"}, {"role": "moderator", "content": "3"}]}
-    data.write_text("\n".join(json.dumps(row) for row in (good, bad)) + "\n")
-    result = run_train(str(tmp_path / "run"), [f"data.train_data=['{data}']", "data.val_data=[]"], timeout=300,
-                       module="rl.launch.sft")
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "chat.jsonl line 2" in result.stderr and "unknown role 'moderator'" in result.stderr
-    assert "Traceback" not in result.stderr
-    assert not (tmp_path / "run" / "ray").exists(), "Ray never started"
-    shutil.rmtree(tmp_path / "run", ignore_errors=True)

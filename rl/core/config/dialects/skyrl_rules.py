@@ -10,8 +10,9 @@ from rl.core.config.dialects.layer import MISSING, Layer
 from rl.core.config.dialects.skyrl import ESP, IE, MEGATRON, REF_LAYOUT, G, T
 
 SKYRL = "SkyRL"
-SKYRL_GYM_ENVIRONMENTS = ("gsm8k_multi_turn", "text2sql", "search", "lcb", "searchcode", "aime")
-"""SkyRL-gym's registered environments other than `gsm8k` (which is our single-turn reward)."""
+SKYRL_GYM_ENVIRONMENTS = ("text2sql", "search", "lcb", "searchcode", "aime")
+"""SkyRL-gym's registered environments that are not built in here (`gsm8k` is the single-turn gsm8k_skyrl reward,
+`gsm8k_multi_turn` the built-in environment of that name)."""
 MISSING_LOSSES = {
     "rollout_is": "SkyRL's rollout_is loss (GLM-5's importance-weighted loss on rollout logprobs)",
     "dppo": "DPPO's divergence-masked loss",
@@ -62,21 +63,37 @@ def resume(layer: Layer) -> None:
 
 
 def environment(layer: Layer) -> None:
-    """SkyRL-gym's `gsm8k` environment is our single-turn `gsm8k` reward; its other environments are not built in."""
+    """SkyRL-gym's `gsm8k` environment is the single-turn `gsm8k_skyrl` reward (its grading); `gsm8k_multi_turn` is
+    the built-in environment of that name, whose turn budget SkyRL's generator sets to generator.max_turns; its
+    other environments are not built in."""
     key = "environment.env_class"
     name = layer.value(key)
     if name == "gsm8k":
         layer.take(key)
         layer.emit(key, None)
-        layer.emit("data.reward_fn", ["gsm8k"])
-        layer.alias(f"{key}=gsm8k", "data.reward_fn=gsm8k with environment.env_class=null", SKYRL)
+        layer.emit("data.reward_fn", ["gsm8k_skyrl"])
+        layer.alias(f"{key}=gsm8k", "data.reward_fn=gsm8k_skyrl with environment.env_class=null", SKYRL)
         layer.differs(
             key,
             SKYRL,
-            "SkyRL-gym's single-turn gsm8k environment is the gsm8k reward here. Both score 1 "
-            "when the number after `####` equals the answer and 0 otherwise; SkyRL compares the first "
-            "`#### N` as text, this project the last as a number (`#### 1,000` and `#### 1000.0` score 1 "
-            "here). The answer comes from data.answer_key",
+            "SkyRL-gym's single-turn gsm8k environment is the gsm8k_skyrl reward here, its grading (1 when the "
+            "first `#### N` equals the answer as text, else 0), scored without an episode. The answer comes "
+            "from data.answer_key, else the row's reward_spec.ground_truth",
+        )
+    elif name == "gsm8k_multi_turn":
+        options = "environment.env_options"
+        below = layer.current(options)
+        if not layer.names(options) and not (isinstance(below, dict) and "max_turns" in below):
+            turns = layer.current(G + "max_turns")
+            turns = turns if _int(turns) else 1
+            layer.emit(f"{options}.max_turns", turns, at=key)
+            layer.alias(f"{key}=gsm8k_multi_turn (turn budget)", f"{options}.max_turns=generator.max_turns", SKYRL)
+            layer.later(f"{options}.max_turns", _turns_agree(turns))
+        layer.differs(
+            key,
+            SKYRL,
+            "the turn rewards are summed into the episode's reward (SkyRL places each at its turn's last token), "
+            "and the retry prompts are written in ChatML (environment.env_options.chat_format=llama3 for Llama 3)",
         )
     elif name in SKYRL_GYM_ENVIRONMENTS:
         layer.take(key)
@@ -84,8 +101,22 @@ def environment(layer: Layer) -> None:
             key,
             f"is {name!r}, SkyRL-gym's {name} environment, which is not built in here; write it as an "
             "rl.core.environments.Environment subclass and set environment.env_class="
-            "package.module:Class (arith_retry is the built-in multi-turn example)",
+            "package.module:Class (gsm8k_multi_turn is a built-in multi-turn example)",
         )
+
+
+def _turns_agree(emitted: int):
+    """SkyRL's generator gives its environment generator.max_turns as the turn budget; the budget set from it must
+    still be generator.max_turns in the built config (a later layer may change either)."""
+
+    def check(cfg) -> str | None:
+        turns, given = cfg.generator.max_turns, cfg.environment.env_options.get("max_turns")
+        if given != emitted or turns == emitted:
+            return None  # set by the user after all, or still equal
+        return (f"is {emitted}, set from generator.max_turns as SkyRL's generator sets it, but generator.max_turns "
+                f"is {turns} in the built config; set environment.env_options.max_turns={turns}")
+
+    return check
 
 
 def losses(layer: Layer) -> None:

@@ -56,3 +56,28 @@ def test_a_placeholder_micro_batch_adds_nothing():
     lp = torch.zeros(2, requires_grad=True)
     loss, metrics = DpoLossSettings().compute(lp, placeholder, normalizer)
     assert float(loss) == 0.0 and metrics == {}
+
+
+def test_loss_weights_and_the_sft_terms_average_follow_nemo_rl():
+    """NeMo RL's DPOLossFn: preference_loss_weight * mean over pairs of -log sigmoid(beta * (h_w - h_l)) +
+    sft_loss_weight * mean over pairs of the chosen response's NLL, summed over its tokens, or averaged over them
+    with sft_average_log_probs; written out here per pair from the sequences."""
+    seqs = _sequences()
+    g = torch.Generator().manual_seed(6)
+    logprobs = [-torch.rand(len(s["input_ids"]), generator=g, dtype=F64) for s in seqs]
+    normalizer = LossNormalizer.from_counts("token_mean", sum(int(s["loss_mask"].sum()) for s in seqs), len(seqs))
+    batch = pack_sequences(seqs)
+    for average in (False, True):
+        settings = DpoLossSettings(beta=0.3, preference_loss_weight=0.7, sft_loss_weight=0.2,
+                                   sft_average_log_probs=average)
+        want = []
+        for k in range(0, len(seqs), 2):
+            mask_w, mask_l = seqs[k]["loss_mask"], seqs[k + 1]["loss_mask"]
+            h_w = ((logprobs[k] - seqs[k]["ref_logprobs"]) * mask_w).sum()
+            h_l = ((logprobs[k + 1] - seqs[k + 1]["ref_logprobs"]) * mask_l).sum()
+            nll = -(logprobs[k] * mask_w).sum() / (mask_w.sum() if average else 1)
+            want.append(0.7 * -torch.nn.functional.logsigmoid(0.3 * (h_w - h_l)) + 0.2 * nll)
+        want = torch.stack(want).mean()
+        loss, _ = settings.compute(torch.cat(logprobs), batch, normalizer)
+        bound = 4 * tolerances.gamma(sum(len(s["input_ids"]) for s in seqs), F64) * float(abs(want))
+        tolerances.assert_within(loss.detach(), want, bound, f"loss (sft_average_log_probs={average})")

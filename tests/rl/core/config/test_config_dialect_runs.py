@@ -59,7 +59,7 @@ def test_skyrl_quickstart_trains(job, tmp_path):
     assert "SkyRL keys read as ours" in output and "trainer.strategy=fsdp is FSDP1" in output
     saved = _saved(run_dir)
     _only_our_keys(saved)
-    assert saved["data"]["reward_fn"] == ["gsm8k"] and saved["environment"]["env_class"] is None
+    assert saved["data"]["reward_fn"] == ["gsm8k_skyrl"] and saved["environment"]["env_class"] is None
     assert (saved["trainer"]["strategy"], saved["trainer"]["resume_mode"]) == ("fsdp", "none")
     assert saved["generator"]["weight_sync_backend"] is None and saved["generator"]["max_prompt_length"] == 512
 

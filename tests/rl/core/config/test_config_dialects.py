@@ -51,7 +51,11 @@ def test_skyrl_script_loads_or_refuses_only_missing_features(name, caplog):
     assert cfg.trainer.resume_mode == "none"  # resume_mode=null
     assert cfg.generator.max_prompt_length == 512 and cfg.generator.max_generate_length == 1024
     assert cfg.generator.weight_sync_backend is None  # nccl with colocated engines: CUDA IPC in SkyRL
-    assert (cfg.environment.env_class, cfg.data.reward_fn) == (None, ["gsm8k"])
+    if name == "multi_turn":  # the built-in gsm8k_multi_turn, its turn budget SkyRL's generator.max_turns
+        assert cfg.environment.env_class == "gsm8k_multi_turn"
+        assert cfg.environment.env_options == {"max_turns": cfg.generator.max_turns} == {"max_turns": 1}
+        return
+    assert (cfg.environment.env_class, cfg.data.reward_fn) == (None, ["gsm8k_skyrl"])
 
 
 def test_skyrl_quickstart_meanings_and_printed_lines(caplog):
@@ -99,8 +103,20 @@ def test_skyrl_lora_example(caplog):
 def test_skyrl_missing_features_are_named():
     refused = _refused(skyrl_args("fully_async"))
     assert "rollout_is" in refused["trainer.algorithm.policy_loss_type"]
-    refused = _refused(skyrl_args("multi_turn"))
-    assert "SkyRL-gym's gsm8k_multi_turn environment, which is not built in" in refused["environment.env_class"]
+    refused = _refused(["environment.env_class=text2sql"])
+    assert "SkyRL-gym's text2sql environment, which is not built in" in refused["environment.env_class"]
+
+
+def test_skyrl_multi_turn_turn_budget_follows_generator_max_turns(caplog, tmp_path):
+    cfg = _load(caplog, [*skyrl_args("multi_turn"), "generator.max_turns=3"])
+    assert (cfg.environment.env_class, cfg.environment.env_options) == ("gsm8k_multi_turn", {"max_turns": 3})
+    given = _load(caplog, [*skyrl_args("multi_turn"), "environment.env_options.max_turns=2", "generator.max_turns=3"])
+    assert given.environment.env_options == {"max_turns": 2}  # the user's own budget stays
+    # Set from the file's generator.max_turns, then changed by an override: named, with the fix.
+    config = tmp_path / "run.yaml"
+    config.write_text("environment: {env_class: gsm8k_multi_turn}\n", encoding="utf-8")
+    refused = _refused(["generator.max_turns=4"], config_file=str(config))
+    assert "set environment.env_options.max_turns=4" in refused["environment.env_options.max_turns"]
 
 
 def test_every_skyrl_key_that_is_not_ours_loads_at_skyrls_default(caplog):

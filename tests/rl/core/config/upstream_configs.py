@@ -293,7 +293,6 @@ SKYRL_SCRIPTS = {
             "trainer.resume_mode=null",
             "trainer.ckpt_path=$HOME/ckpts/gsm8k_multi_turn_ckpt",
         ],
-        refused=("environment.env_class",),
     ),
 }
 

@@ -1,14 +1,12 @@
 """SFT and preference rows through the embedded tokenizer's chat template: the loss mask covers exactly the
 assistant turns' tokens (checked against the template's text written out here), and bad rows are refused with a
-`DataError` naming the row and the key that fixes it. The `sft:` / `dpo:` blocks are read with SkyRL's and NeMo RL's
-names."""
+`DataError` naming the row and the key that fixes it (the `sft:` / `dpo:` blocks themselves:
+tests/rl/core/config/test_supervised_config.py)."""
 
 import json
 
 import pytest
 
-from rl.core.config.errors import ConfigError
-from rl.core.config.supervised import DpoConfig, SftConfig, split_overrides
 from rl.core.data.errors import DataError
 from rl.core.data.readers import RawRow
 from rl.core.data.supervised import SupervisedDataSpec, load_sft_examples, preference_pair, sft_example
@@ -86,21 +84,3 @@ def test_files_are_read_with_the_row_named(tmp_path):
     with pytest.raises(DataError, match=r"bad.jsonl line 2: the conversation has no assistant turn"):
         load_sft_examples(TOKENIZER, [path], SPEC)
 
-
-def test_blocks_take_skyrl_and_nemo_rl_names(tmp_path):
-    block, rest, _ = split_overrides("sft", ["sft.messages_key=conversation", "sft.num_steps=7", "sft.batch_size=16",
-                                             "trainer.seed=3"], None)
-    assert block == SftConfig(messages_key="conversation")
-    assert sorted(rest) == ["trainer.max_steps=7", "trainer.seed=3", "trainer.train_batch_size=16"]
-    config = tmp_path / "dpo.yaml"
-    config.write_text("dpo:\n  reference_policy_kl_penalty: 0.05\n  preference_loss: dpo\n  sft_loss_weight: 0.1\n"
-                      "trainer:\n  seed: 5\n")
-    block, rest, remaining = split_overrides("dpo", ["dpo.loss_type=ipo"], str(config))
-    assert block == DpoConfig(beta=0.05, loss_type="ipo", sft_loss_weight=0.1)
-    with open(remaining) as f:
-        text = f.read()
-    assert "dpo" not in text and "seed: 5" in text
-    with pytest.raises(ConfigError, match=r"dpo\.lr: unknown key"):
-        split_overrides("dpo", ["dpo.lr=1"], None)
-    with pytest.raises(ConfigError, match=r"dpo\.loss_type"):
-        split_overrides("dpo", ["dpo.loss_type=hinge"], None)
