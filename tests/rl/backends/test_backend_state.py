@@ -13,6 +13,7 @@ from rl.backends.dist import init_distributed
 from rl.backends.hf_model import save_hf_checkpoint
 from rl.backends.registry import build_backend
 from rl.core.algorithms import LossNormalizer, LossSettings
+from tests.testing import tolerances
 from tests.testing.backend_steps import small_batch, train_step
 from tests.testing.tiny_job import make_tiny_job
 
@@ -45,13 +46,18 @@ def test_export_loads_in_transformers_with_the_trained_weights(model_path, tmp_p
     batch = small_batch()
     with torch.no_grad():
         trained_lp, _ = backend.logprobs(batch)
-    from rl.backends.hf_forward import batch_logprobs
+    from rl.backends.hf_forward import batch_logprobs, scored_logits
 
     with torch.no_grad():
         loaded_lp, _ = batch_logprobs(loaded, batch, 1.0, False)
         original_lp, _ = batch_logprobs(original, batch, 1.0, False)
-    torch.testing.assert_close(loaded_lp, trained_lp, rtol=0, atol=1e-6)
-    assert not torch.allclose(original_lp, trained_lp), "the export must hold the trained weights"
+        logits = scored_logits(loaded, batch).logits
+    # The backend attends per sequence (sdpa_varlen), plain transformers over the packed row with a block mask: the
+    # same sums in other orders (masked positions add exact zeros, so attention sums over the longest sequence).
+    gap = tolerances.logprob_gap(loaded.config, logits, int(batch.seq_lengths.max()))
+    tolerances.assert_within(loaded_lp, trained_lp, gap, "exported model's logprobs")
+    moved = float((original_lp - trained_lp).abs().max())
+    assert moved > gap, f"the export must hold the trained weights: max |change| {moved:.3g} <= rounding {gap:.3g}"
     assert not os.path.exists(out + ".partial")
 
 
@@ -87,11 +93,13 @@ def test_on_policy_step_without_old_logprobs_equals_the_recomputed_one(model_pat
         results[name] = (metrics, backend.full_state_dict())
     (want, want_state), (got, got_state) = results["recomputed"], results["on_policy"]
     assert want["grad_norm"] > 0 and want.keys() == got.keys()
-    for key, value in want.items():
-        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    # `logprobs()` runs the training forward's operations in the same order (no dropout, the same attention and
+    # log-softmax; no_grad changes no kernel), so the recomputed old logprobs equal the forward's own bit for bit,
+    # the ratio is exactly 1 on both sides and the loss, its gradients and Adam's step are the same operations.
+    assert got == want
     assert got["pg_clipfrac"] == 0.0
     for name, tensor in want_state.items():
-        torch.testing.assert_close(got_state[name], tensor, rtol=0, atol=1e-6, msg=name)
+        torch.testing.assert_close(got_state[name], tensor, rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.parametrize(("strategy", "role"), [("fsdp2", "policy"), ("fsdp", "ref"), ("fsdp2", "ref")])

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from rl.backends.base import ModelSpec
 from rl.backends.dist import init_distributed
 from rl.backends.registry import build_backend
+from tests.testing import tolerances
 from tests.testing.backend_steps import small_batch, train_step
 from tests.testing.tiny_job import make_tiny_job
 
@@ -37,9 +38,17 @@ def test_offloaded_parameters_live_on_the_host_and_compute_the_same(model_path, 
     assert _parameter_devices(built[True]) == {"cpu"}, "offloaded parameters wait in host memory"
     assert _parameter_devices(built[False]) == {"cuda"}
     batch = small_batch()
+    # Offloading changes where a shard waits, not what runs: the same float32 shard is copied to the device and cast
+    # to the compute dtype (one rounding of the same value) either before or after the copy, and the same kernels
+    # run on the same values in the same order: bit for bit.
     torch.testing.assert_close(built[True].logprobs(batch)[0].cpu(), built[False].logprobs(batch)[0].cpu(),
-                               rtol=1e-5, atol=1e-5)
+                               rtol=0, atol=0)
     if role == "policy":
         steps = [train_step(built[offload]) for offload in (False, True)]
         assert _parameter_devices(built[True]) == {"cpu"} and _parameter_devices(built[False]) == {"cuda"}
-        assert steps[1]["grad_norm"] == pytest.approx(steps[0]["grad_norm"], rel=1e-4)
+        # The same gradients (the same kernels; attention's backward over these short sequences is one block, so no
+        # atomic accumulation), whose norm sums squares on the host in one run and on the device in the other: per
+        # tensor over its elements, then over the tensors, plus the squares' and the square root's roundings.
+        sizes = [p.numel() for p in built[False].model.parameters()]
+        rtol = tolerances.network_rtol([max(sizes), len(sizes), 2], torch.float32)
+        assert steps[1]["grad_norm"] == pytest.approx(steps[0]["grad_norm"], rel=rtol, abs=0)

@@ -37,7 +37,7 @@ from tests.testing.ports import free_port
 LR = 1e-2
 LOSSES = {
     "sft": SftLossSettings(),
-    "dpo-sigmoid": DpoLossSettings(beta=0.5, loss_type="sigmoid", sft_loss_weight=0.3),
+    "dpo-sigmoid": DpoLossSettings(beta=0.5, loss_type="sigmoid", sft_loss_weight=0.3, sft_average_log_probs=True),
     "ipo": DpoLossSettings(beta=0.5, loss_type="ipo"),
 }
 STRATEGIES = {"fsdp2": ("fsdp2", None), "fsdp": ("fsdp", None), "zero2": ("deepspeed", None)}

@@ -3,9 +3,19 @@
 import pytest
 import torch
 
+from rl.core.algorithms.kl import K3_BOUND
 from rl.kernels import reference as ref_ops
+from rl.kernels.reference.policy_terms import plan_loss
 from tests.rl.kernels.cases import SETTINGS, eager_logprobs, oracle_loss, packed_batch
-from tests.testing.tolerances import assert_within, network_rtol, rounded_gap
+from tests.testing.tolerances import (
+    assert_within,
+    log_softmax_gaps,
+    log_softmax_grad_gap,
+    matmul_gap,
+    network_rtol,
+    policy_loss_gaps,
+    rounded_gap,
+)
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
@@ -25,6 +35,19 @@ def _impl(name):
 
 
 IMPLS = ["cuda", "triton"]
+
+# Bounds from tests/testing/tolerances.py, as in test_triton_interpret.py: float32 arithmetic on the GPU rounds as on
+# the CPU (TF32 is off: torch's default, which nothing in rl/ changes), so `log_softmax_gaps` and
+# `log_softmax_grad_gap` bound logprobs, entropies and the logits' gradient (each kernel reduces over the vocabulary
+# in its own order; logits a side computes itself differ by `matmul_gap`), `policy_loss_gaps` a loss and its
+# metrics, and a bf16 result rounds once more on each side (`rounded_gap`, through `dtype=`).
+
+
+def _loss_bounds(settings, b, normalizer, lp0, h0, lp_gap, h_gap, old):
+    """`policy_loss_gaps` by metric name and the loss's slope gap per token, with the kernels' per-token weights."""
+    plan = plan_loss(settings, normalizer, b.mask, b.seq_ids, b.num_sequences)
+    weights = {"loss": plan.weight, "metric": plan.metric_weight, "token": plan.token_weight}
+    return policy_loss_gaps(lp0, old, b.ref, b.adv, weights, lp_gap, h_gap, h0, settings, K3_BOUND)
 
 
 def _lengths(batch: int, width: int, seed: int) -> torch.Tensor:
@@ -62,8 +85,11 @@ def test_token_logprobs_at_scale(impl, dtype):
     lp, ent = ops.token_logprobs_entropy(logits, targets, 0.8)
     eager_in = logits.detach().clone().requires_grad_()
     lp0, ent0 = eager_logprobs(eager_in, targets, 0.8)
-    torch.testing.assert_close(lp, lp0, atol=2e-4, rtol=1e-4)
-    torch.testing.assert_close(ent, ent0, atol=2e-4, rtol=1e-4)
+    # the same (bf16 or float32) logits on both sides, each reduced over the vocabulary in float32 in its own order
+    lp_gap, h_gap = log_softmax_gaps(logits.detach(), targets, 0.8)
+    assert_within(lp, lp0, lp_gap, f"{impl} {dtype} logprobs")
+    assert_within(ent, ent0, h_gap, f"{impl} {dtype} entropy")
+    del lp_gap, h_gap
     w1, w2 = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
     (grad,) = torch.autograd.grad((lp * w1 + ent * w2).sum(), logits)
     (grad0,) = torch.autograd.grad((lp0 * w1 + ent0 * w2).sum(), eager_in)
@@ -109,12 +135,20 @@ def test_fused_loss_at_scale(impl, name, dtype):
     eager_in = b.logits.clone().requires_grad_()
     lp0, ent0 = eager_logprobs(eager_in, b.targets, 0.9)
     loss0, metrics0 = oracle_loss(settings, lp0, ent0, b, normalizer)
-    loss0.backward()
-    torch.testing.assert_close(loss, loss0, atol=1e-4, rtol=1e-4)
-    tol = 1e-6 if dtype == torch.float32 else 1e-3
-    torch.testing.assert_close(logits.grad.float(), eager_in.grad.float(), atol=tol, rtol=1e-2)
+    grad0, w1, w2 = torch.autograd.grad(loss0, (eager_in, lp0, ent0), allow_unused=True)
+    # The same logits on both sides; the loss's gradient weights each token's logprob and entropy by w1, w2 (each
+    # weight a few roundings of its own: 4 more terms in the sums), w1 moving along the logprob gap; a bf16 gradient
+    # rounds once more on each side.
+    lp_gap, h_gap = log_softmax_gaps(b.logits, b.targets, 0.9)
+    value_gaps, slope_gap = _loss_bounds(settings, b, normalizer, lp0, ent0, lp_gap, h_gap, b.old)
+    assert_within(loss, loss0, value_gaps["loss"], f"{impl} {dtype} loss")
+    vocab = b.logits.shape[-1]
+    bound = log_softmax_grad_gap(b.logits, b.targets, w1, w2, 0.9, [vocab, vocab, 4], w1_gap=slope_gap,
+                                 dtype=dtype, grad=grad0)
+    assert_within(logits.grad, grad0, bound, f"{impl} {dtype} logits gradient")
+    assert set(metrics) == set(metrics0)
     for key in metrics0:
-        torch.testing.assert_close(metrics[key], metrics0[key], atol=1e-4, rtol=1e-4, msg=key)
+        assert_within(metrics[key], metrics0[key], value_gaps[key], f"{impl} {dtype} {key}")
 
 
 def test_auto_dispatch_picks_a_gpu_kernel():
@@ -143,11 +177,21 @@ def test_chunked_loss_through_gpu_kernels(impl, name):
                                       num_sequences=b.num_sequences, chunk_size=256)
     loss.backward()
     eager_h, eager_w = hidden0.clone().requires_grad_(), weight0.clone().requires_grad_()
-    lp0, ent0 = eager_logprobs(eager_h @ eager_w.T, b.targets)
+    logits0 = eager_h @ eager_w.T
+    lp0, ent0 = eager_logprobs(logits0, b.targets)
     loss0, _ = compute_policy_loss(settings, lp0, b.old, b.adv, b.mask, normalizer, ref_logprobs=b.ref,
                                    entropy=ent0 if settings.use_entropy_loss else None, seq_ids=b.seq_ids,
                                    num_sequences=b.num_sequences)
-    loss0.backward()
-    torch.testing.assert_close(loss, loss0, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(hidden.grad, eager_h.grad, atol=1e-4, rtol=1e-3)
-    torch.testing.assert_close(weight.grad, eager_w.grad, atol=1e-4, rtol=1e-3)
+    grad_h0, grad_w0, logits_grad, w1, w2 = torch.autograd.grad(loss0, (eager_h, eager_w, logits0, lp0, ent0),
+                                                                allow_unused=True)
+    # Each side computes its chunks' logits (`matmul_gap` over the hidden size), their logprobs and entropies, the
+    # loss over the tokens; the logits' gradient (each weight a few roundings: 4 more terms), then hidden's over the
+    # vocabulary and weight's over the tokens (`matmul_gap`).
+    vocab = weight0.shape[0]
+    logit_gap = matmul_gap(hidden0, weight0.T)
+    lp_gap, h_gap = log_softmax_gaps(logits0, b.targets, 1.0, logit_gap)
+    value_gaps, slope_gap = _loss_bounds(settings, b, normalizer, lp0, ent0, lp_gap, h_gap, b.old)
+    assert_within(loss, loss0, value_gaps["loss"], f"{impl} loss")
+    grad_gap = log_softmax_grad_gap(logits0, b.targets, w1, w2, 1.0, [vocab, vocab, 4], logit_gap, slope_gap)
+    assert_within(hidden.grad, grad_h0, matmul_gap(logits_grad, weight0, grad_gap), f"{impl} hidden gradient")
+    assert_within(weight.grad, grad_w0, matmul_gap(logits_grad.T, hidden0, grad_gap.T), f"{impl} weight gradient")

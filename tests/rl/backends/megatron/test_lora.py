@@ -21,7 +21,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from rl.backends.hf_forward import batch_logprobs
+from rl.backends.hf_forward import batch_logprobs, scored_logits
 from rl.backends.lora import adapters_disabled, add_lora, save_adapter
 from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.core.packing import pack_sequences
@@ -266,8 +266,37 @@ def test_three_steps_match_peft(runs, oracles, models, layout):
         bound += 2 * STEPS * tolerances.unit_roundoff(torch.float32) * value.abs().double()
         tolerances.assert_within(adapters[name], value, bound, msg=name)
     assert all(not torch.equal(adapters[n], v) for n, v in initial.items() if "lora_B" in n), "every B trained"
+    # The logprobs after three steps: the two sides' adapters differ (within the bound above), and their effect on
+    # the logprobs, to every order, is the difference of PEFT's float64 logprobs at megatron's adapters and at the
+    # oracle's; each side's float32 forward adds its rounding (`tolerances.network_rtol` of the forward's reductions,
+    # the adapters' two included, relative to `_logit_bound`, which holds at any adapter weights), each float64
+    # evaluation its own. Megatron's logprobs are also within that rounding of the float64 ones at its own adapters.
     mask = _mask()
-    torch.testing.assert_close(run["logprobs"][mask], oracle["logprobs"][mask], rtol=0, atol=1e-4)
+    exact = _float64_logprobs(model_path, lora, adapters)
+    exact_oracle = _float64_logprobs(model_path, lora, oracle["adapters"])
+    reductions = (step_reductions(config, sequences(VOCAB), backward=False)
+                  + [lora["rank"]] * 2 * config.num_hidden_layers)
+    rounding = _logit_bound(model_path) * sum(tolerances.network_rtol(reductions, dtype)
+                                              for dtype in (torch.float32, torch.float64))
+    tolerances.assert_within(run["logprobs"][mask], exact[mask], rounding, "logprobs vs float64 at megatron's adapters")
+    tolerances.assert_within(run["logprobs"][mask], oracle["logprobs"][mask],
+                             (exact - exact_oracle).abs()[mask] + rounding, "logprobs after three steps")
+
+
+def _float64_logprobs(model_path: str, lora: dict, adapters: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[N] logprobs of transformers + PEFT in float64 with the given adapters (the adapted model's names) over every
+    sequence: the exact values to float64's rounding. The log-softmax runs in float64 too (the kernels' is float32)."""
+    # Mixtral's experts through their eager loop: the grouped matmul takes no float64
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float64, experts_implementation="eager")
+    add_lora(model, lora, model_path)
+    missing, unexpected = model.load_state_dict({n: t.double() for n, t in adapters.items()}, strict=False)
+    assert not unexpected and not [n for n in missing if "lora_" in n], (unexpected, missing)
+    batch = pack_sequences(sequences(VOCAB))
+    with torch.no_grad():
+        scored = scored_logits(model.eval(), batch)
+    targets = batch.input_ids[scored.targets_at]
+    logprobs = torch.log_softmax(scored.logits.double(), -1).gather(1, targets[:, None]).squeeze(1)
+    return torch.zeros(batch.num_tokens, dtype=torch.float64).index_put((scored.targets_at,), logprobs)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
