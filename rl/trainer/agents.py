@@ -108,7 +108,7 @@ class AgentEpisodes:
         agent = load_agent(env.agent_fn)
         endpoint = AgentEndpoint(tokenizer, cfg.trainer.policy.model.path, gen.http_endpoint_host,
                                  gen.http_endpoint_port, context_limit(cfg, model_path), gen.max_generate_length)
-        for name in ("httpx", "openai"):  # one line per request otherwise, for every episode's every call
+        for name in ("httpx", "httpx2", "openai"):  # one line per request otherwise (httpx2: the openai client's)
             logging.getLogger(name).setLevel(logging.WARNING)
         print(f"agent endpoint: {endpoint.url}/v1 (episodes at {endpoint.url}/episodes/<id>/v1)", flush=True)
         return cls(agent, endpoint, env.agent_fn, cfg.data.reward_on_error, env.agent_timeout_s)
