@@ -462,3 +462,16 @@ def policy_loss_gaps(logprobs: torch.Tensor, old: torch.Tensor | None, ref: torc
     }
     gaps["kl_loss"] = gaps["kl"]
     return gaps, f64(w_loss).abs() * (pg_grad_gap + kl_coef * kl_grad_gap)
+
+
+def weighted_mean_gap(weights: Sequence[float], magnitudes: Sequence[float], samples: int) -> float:
+    """Gap between a step's mean of float32 weighted sums, mean_b(sum_s w_s r_sb) (each sample's total built in a
+    float32 tensor, source by source: the float64 product rounded to float32 and added, 2 roundings a source; then
+    the mean over `samples`: a sum and a division), and sum_s w_s mean_b(r_sb) computed in float64 (each source's
+    mean, its average over draws, the weighted sum). Each side is within gamma_k of the magnitudes met,
+    (1/B) sum_b sum_s |w_s r_sb| <= sum_s |w_s| m_s, `magnitudes` m_s: a source's mean |score| (its logged mean when
+    its scores are >= 0) or a bound on its |score|."""
+    sources = len(weights)
+    magnitude = sum(abs(w) * m for w, m in zip(weights, magnitudes, strict=True))
+    rounding = gamma(2 * sources + samples + 1, torch.float32) + gamma(samples + 2 * sources + 4, torch.float64)
+    return rounding * magnitude

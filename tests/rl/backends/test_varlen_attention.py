@@ -34,6 +34,25 @@ def _alone(query, key, value, bounds, window=None):
     return torch.cat(out)
 
 
+def _f64_rtol(query, key, lengths, backward=False):
+    """Relative gap of two float64 attentions over the same sequences in other layouts (padded groups vs each alone).
+    Per query, the scores are head-width dot products (gamma_D of S = max_ij sum_d |q_id k_jd| / sqrt(D), the scale's
+    multiply one rounding more) and the max is one of them, so exp(s - max) is off by 2 gamma_D S plus the
+    subtraction's rounding (u 2S) and the exp's own (`EXP_ROUNDINGS`); the normaliser and the weighted sum of values
+    are sums over the sequence's L positions (padded keys add exact zeros), the division one rounding. Those add up to
+    `network_rtol([D + 1, L, L, EXP_ROUNDINGS + 1], condition=1 + 2S)` relative to max|value| for the output. The
+    backward adds dO.v over D, the softmax's row sum and the gradients' sums over L positions and over the query heads
+    sharing a key head, relative to the gradient's largest |element| as `tolerances.gradient_gap`."""
+    width = query.shape[-1]
+    keys = key.repeat_interleave(query.shape[1] // key.shape[1], 1)
+    scores = torch.einsum("qhd,khd->hqk", query.detach().abs(), keys.detach().abs()) / width**0.5
+    longest = max(lengths)
+    reductions = [width + 1, longest, longest, tolerances.EXP_ROUNDINGS + 1]
+    if backward:
+        reductions += [width, longest, longest, query.shape[1] // key.shape[1]]
+    return tolerances.network_rtol(reductions, torch.float64, condition=1 + 2 * float(scores.max()))
+
+
 @pytest.mark.parametrize("lengths", [[6, 6, 6], [1, 9, 2, 30, 3, 3], [17]])
 @pytest.mark.parametrize("window", [None, 4])
 def test_varlen_sdpa_equals_each_sequence_alone(lengths, window):
@@ -45,12 +64,14 @@ def test_varlen_sdpa_equals_each_sequence_alone(lengths, window):
     bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()]
     got = varlen_sdpa(query, key, value, torch.tensor(bounds, dtype=torch.int32), sliding_window=window)
     expected = _alone(query, key, value, bounds, window)
-    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    rtol = _f64_rtol(query, key, lengths)
+    tolerances.assert_within(got, expected, rtol * float(value.detach().abs().max()), "attention output")
     weights = torch.randn_like(got)
     grads = torch.autograd.grad((got * weights).sum(), (query, key, value))
     expected_grads = torch.autograd.grad((expected * weights).sum(), (query, key, value))
-    for g, e in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+    rtol = _f64_rtol(query, key, lengths, backward=True)
+    for name, g, e in zip("qkv", grads, expected_grads, strict=True):
+        tolerances.assert_within(g, e, rtol * float(e.abs().max()), f"d{name}")
 
 
 def _model(attn_implementation):

@@ -4,6 +4,8 @@ chosen responses' reward ends above the rejected ones'; a run resumed from the s
 the uninterrupted run's metrics; the export loads in transformers; the run directory's config.yaml holds the
 `dpo:` block. Bad input: tests/rl/trainer/test_supervised_preflight.py."""
 
+import math
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -13,6 +15,7 @@ from rl.core.config import load_config
 from rl.core.config.supervised import DpoConfig, split_overrides
 from rl.trainer.metrics import read_metrics
 from tests.testing.tiny_job import run_train
+from tests.testing.tolerances import LOG_ROUNDINGS, gamma
 
 COMMON = ["--strategy=fsdp", "trainer.max_steps=4", "trainer.train_batch_size=16", "trainer.eval_interval=4",
           "trainer.eval_before_train=true", "trainer.policy.optimizer_config.lr=3e-4", "trainer.ckpt_interval=2",
@@ -29,8 +32,13 @@ def first_run(tmp_path_factory):
 def test_preferences_and_greedy_accuracy_rise(first_run):
     _, rows = first_run
     start, steps = rows[0], {row["step"]: row for row in rows if row["step"] > 0}
-    # the policy starts as the reference: every log-ratio is 0, the loss ln 2
-    assert steps[1]["dpo_loss"] == pytest.approx(0.6931471805599453, rel=1e-6)
+    # the policy starts as the reference, and both logprob passes run the same micro-batches through the same
+    # weights: every log-ratio is exactly 0. Each pair's -log sigmoid(0) is float32's log of 2 (within
+    # LOG_ROUNDINGS u); the sum over the mini-batch's <= 16 pairs, the division by the pairs and the sum over
+    # micro-batches and ranks (<= 16 partial sums) round within gamma_(LOG_ROUNDINGS + 34) of ln 2
+    assert steps[1]["rewards_chosen"] == steps[1]["rewards_rejected"] == steps[1]["reward_margin"] == 0.0
+    gap = gamma(LOG_ROUNDINGS + 2 * 16 + 2, torch.float32) * math.log(2)
+    assert abs(steps[1]["dpo_loss"] - math.log(2)) <= gap, steps[1]
     assert steps[4]["preference_accuracy"] > 0.5
     assert steps[4]["val_preference_accuracy"] > start["val_preference_accuracy"]
     assert steps[4]["val_reward_margin"] > 0

@@ -13,6 +13,7 @@ from rl.trainer.experience import Experience
 from rl.trainer.metrics import read_metrics
 from rl.trainer.rollout_mismatch import measure_and_correct, skips_old_logprob_pass
 from tests.testing.tiny_job import make_tiny_job, run_train
+from tests.testing.tolerances import EXP_ROUNDINGS, gamma, unit_roundoff
 
 OFF = dict(tis_ratio_type=None, token_tis_ratio_clip_high=2.0, sequence_tis_ratio_clip_high=5.0,
            sequence_mask_metric=None, geo_mask_high=1.01, geo_mask_low=0.99, product_mask_high=2.0,
@@ -73,6 +74,13 @@ def test_a_run_logs_the_gap_and_a_rejecting_mask_stops_learning(tmp_path):
     row = next(r for r in read_metrics(f"{run_dir}/metrics.jsonl") if r["step"] == 1)
     # the HF engine samples with the trainer's numerics: ratios ~1, all below 1.5, so every token is rejected
     assert row["rollout_logprob_abs_diff_max"] < 1e-3
-    assert row["rollout_is_ess"] == pytest.approx(1.0, abs=1e-4)
+    # ESS = (sum r)^2 / (n sum r^2) over n <= 4 x 4 x 12 loss tokens whose ratios r = e^d lie within e^(+-D),
+    # D the logged largest |d| plus the float32 exp's rounding: at most 1 (Cauchy-Schwarz) and at least
+    # 4 e^-D e^D / (e^-D + e^D)^2 = 1 / cosh(D)^2 (Kantorovich); the two n-term sums of positive terms, the square,
+    # the product and the division round within gamma_(2n + 4)
+    tokens = 4 * 4 * 12
+    rounding = gamma(2 * tokens + 4, torch.float32)
+    spread = row["rollout_logprob_abs_diff_max"] + EXP_ROUNDINGS * unit_roundoff(torch.float32)
+    assert (1 - rounding) / math.cosh(spread) ** 2 <= row["rollout_is_ess"] <= 1 + rounding, row
     assert row["token_mask_masked_ratio"] == 1.0
     assert row["grad_norm"] == 0.0 and row["pg_loss"] == 0.0

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from rl.trainer.metrics import read_metrics
 from tests.testing.launcher import launch_refused
 from tests.testing.tiny_job import make_tiny_job, run_train
+from tests.testing.tolerances import gamma, weighted_mean_gap
 
 JUDGE = ["trainer.reward.judge.template='Grade: {response} Answer:'", "trainer.reward.judge.pattern='(\\d)'",
          "trainer.reward.judge.max_new_tokens=6"]
@@ -25,6 +26,16 @@ def _classifier(directory: str, tokenizer_path: str) -> str:
     LlamaForSequenceClassification(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def _score_bound(directory: str) -> float:
+    """Largest |score| the classifier can give: its head reads the final RMSNorm's output g * x / rms(x), whose L2
+    norm is at most max|g| sqrt(hidden), so |score| <= |head|_2 max|g| sqrt(hidden) (float32's rounding of the
+    norm and the head's dot product, gamma_(2 hidden), on top)."""
+    model = LlamaForSequenceClassification.from_pretrained(directory)
+    hidden = model.config.hidden_size
+    head, norm = model.score.weight.detach(), model.model.norm.weight.detach()
+    return float(head.norm()) * float(norm.abs().max()) * hidden**0.5 * (1 + gamma(2 * hidden, torch.float32))
 
 
 def _digit_judge(directory: str, model_path: str) -> str:
@@ -53,9 +64,12 @@ def test_a_classifier_and_a_judge_score_beside_a_function(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     rows = [r for r in read_metrics(f"{run_dir}/metrics.jsonl") if r["step"] >= 1]
     assert len(rows) == 2
+    bound = _score_bound(classifier)
     for row in rows:
         expected = row["reward/gsm8k"] + 0.5 * row["reward/reward_model"] + 0.1 * row["reward/llm_judge"]
-        assert row["reward_mean"] == pytest.approx(expected, abs=1e-5)
+        # gsm8k and the judge score >= 0 (their means are their magnitudes), the classifier either sign
+        gap = weighted_mean_gap([1.0, 0.5, 0.1], [row["reward/gsm8k"], bound, row["reward/llm_judge"]], samples=16)
+        assert abs(row["reward_mean"] - expected) <= gap, row
         assert math.isfinite(row["reward/reward_model"]) and row["reward/reward_model"] != 0.0
         assert 3.0 <= row["reward/llm_judge"] <= 7.0 and row["reward_errors"] == 0
 
