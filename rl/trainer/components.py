@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rl.core.data import PromptRecord, load_prompt_dataset
+from rl.core.data import PromptRecord, load_prompt_dataset, load_prompt_template
 from rl.core.generation import SamplingParams, build_engine
 from rl.trainer.engines import RemoteEngines
 from rl.trainer.placement import Placement
@@ -30,7 +30,8 @@ def load_datasets(cfg, train_paths: list[str], val_paths: list[str]):
     from rl.trainer.row_environments import env_class_check
 
     keys = {"prompt_key": cfg.data.prompt_key, "answer_key": cfg.data.answer_key,
-            "env_class_check": env_class_check(cfg)}
+            "env_class_check": env_class_check(cfg),
+            "template": load_prompt_template(cfg.data.prompt_template_file, cfg.data.system_prompt_file)}
     train = load_prompt_dataset(train_paths, **keys)
     val = load_prompt_dataset(val_paths, **keys) if val_paths else None
     return train, val

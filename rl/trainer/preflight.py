@@ -1,6 +1,7 @@
 """What must hold on this machine before a run spends anything (Ray, a model load, the embedded warm-up): the prompt
-files read and hold the configured keys and enough prompts, the model path exists when it is local, the reward is
-registered, a multi-turn environment builds and every prompt leaves room in its episodes, prompts fit
+files read and hold the configured keys and enough prompts (built with the prompt template, so every row's prompt
+suits it and the length checks below see the prompts the trainer encodes), the model path exists when it is local,
+the reward is registered, a multi-turn environment builds and every prompt leaves room in its episodes, prompts fit
 generator.max_prompt_length (data.truncation=error) and the model's positions, checkpoints and exports
 can be written where the config says, a checkpoint to resume is complete, intact and of this strategy, the kernels
 `trainer.kernels` names can run here, the placement fits this machine, and the memory planner predicts the layout
@@ -15,7 +16,7 @@ import torch
 
 from rl.core.config import ConfigError
 from rl.core.config.choices import MODEL_REWARDS
-from rl.core.data import DataError, load_prompt_dataset
+from rl.core.data import DataError, load_prompt_dataset, load_prompt_template
 from rl.trainer.agents import agent_problems
 from rl.trainer.companion_models import companion_model_problems
 from rl.trainer.memory_plan import memory_problems
@@ -27,8 +28,12 @@ def _data_problems(cfg, loaded: dict) -> list[str]:
     found = []
     from rl.trainer.row_environments import env_class_check
 
+    try:  # checked when the config loaded; read again here, where the prompts are built from it
+        template = load_prompt_template(cfg.data.prompt_template_file, cfg.data.system_prompt_file)
+    except DataError as error:
+        return [str(error)]
     keys = {"prompt_key": cfg.data.prompt_key, "answer_key": cfg.data.answer_key,
-            "env_class_check": env_class_check(cfg)}
+            "env_class_check": env_class_check(cfg), "template": template}
     for key, paths in (("data.train_data", cfg.data.train_data), ("data.val_data", cfg.data.val_data or [])):
         given = [path for path in paths if path != EMBEDDED]
         if not given:

@@ -1,5 +1,6 @@
 """Prompts as the trainer feeds them to the engine: a record through the tokenizer's chat template (plain text as
-it is), cut to generator.max_prompt_length as data.truncation says (veRL's key and values).
+it is; a prompt template, data.prompt_template_file / system_prompt_file, made the record a chat when the data
+loaded: `rl.core.data.templates`), cut to generator.max_prompt_length as data.truncation says (veRL's key and values).
 
 A cut prompt is named in a warning once per row and counted per step (`prompts_truncated`); `error` refuses it. A
 prompt that cannot fit the model's positions with a full response is refused before training

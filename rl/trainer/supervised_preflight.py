@@ -32,8 +32,13 @@ def data_spec(section: str, block) -> SupervisedDataSpec:
 
 
 def _data_problems(cfg, section: str, block) -> list[str]:
-    """Each data file's rows checked as far as the tokenizer is not needed; the training rows fill a step."""
+    """Each data file's rows checked as far as the tokenizer is not needed; the training rows fill a step. Prompt
+    templates build the RL launcher's prompts; here the rows are used as written, so one set would do nothing."""
     found, spec = [], data_spec(section, block)
+    for key in ("prompt_template_file", "system_prompt_file"):
+        if getattr(cfg.data, key) is not None:
+            found.append(f"data.{key}: builds the prompts of GRPO/PPO runs (rl.launch.train); {section} rows are "
+                         f"used as the data holds them: set it to null and write the prompts into the rows")
     what = "pairs" if section == "dpo" else "examples"
     for key, paths in (("data.train_data", cfg.data.train_data), ("data.val_data", cfg.data.val_data or [])):
         given = [path for path in paths if path != EMBEDDED]

@@ -394,6 +394,8 @@ BAD = {
                                                ("batch_size 1 x gradient_accumulation_steps 3",)),
     "nemo_dataset_by_name": Bad(["data.train.dataset_name=OpenMathInstruct-2"], "data.train.dataset_name",
                                 ("downloads by name", "data.train.data_path")),
+    "nemo_prompt_file_missing": Bad(["data.default.prompt_file=prompts/missing_cot.txt"], "data.prompt_template_file",
+                                    ("prompts/missing_cot.txt", "does not exist", "read from the working directory")),
     "nemo_sft_block": Bad(["sft.max_num_epochs=1", "sft.val_period=10"], "sft",
                           ("supervised fine-tuning (SFT)", "//rl/launch:sft")),
     # SkyRL spellings: suggestions by meaning (never a key of another meaning), missing features named

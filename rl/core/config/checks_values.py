@@ -12,6 +12,7 @@ from rl.core.config import choices, strategies
 from rl.core.config.defaults import get
 from rl.core.config.errors import Problems, did_you_mean
 from rl.core.config.schema import Config
+from rl.core.data.templates import SYSTEM_KEY, TEMPLATE_KEY, prompt_file_problem
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,16 @@ def check_reward_lists(cfg: Config, problems: Problems) -> None:
     if data.reward_num_workers == 0 and data.reward_timeout_s is not None:
         problems.add("data.reward_timeout_s", "cannot be enforced with data.reward_num_workers=0 (rewards run in the "
                      "driver); set data.reward_num_workers >= 1, or data.reward_timeout_s=null")
+
+
+def check_prompt_files(cfg: Config, problems: Problems) -> None:
+    """The prompt template and system prompt files read, and the template has its one `{}` (before any data or
+    model is loaded)."""
+    for key, path, template in ((TEMPLATE_KEY, cfg.data.prompt_template_file, True),
+                                (SYSTEM_KEY, cfg.data.system_prompt_file, False)):
+        problem = prompt_file_problem(path, template)
+        if problem:
+            problems.add(key, problem)
 
 
 def check_resume_mode(cfg: Config, problems: Problems) -> None:

@@ -25,6 +25,8 @@ from rl.core.config.yaml_io import dump_yaml, write_atomic
 PATH_KEYS = (
     "data.train_data",
     "data.val_data",
+    "data.prompt_template_file",
+    "data.system_prompt_file",
     "trainer.ckpt_path",
     "trainer.export_path",
     "trainer.policy.model.path",

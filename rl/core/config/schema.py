@@ -543,6 +543,21 @@ class DataConfig:
     """What a reward call that raises, times out, kills its process or returns NaN / a non-number does: `fail`
     ends the run naming the function and the row; `zero` scores it 0, counts it in reward_errors and goes on."""
 
+    prompt_template_file: str | None
+    """A text file whose text, with the row's problem put in its one `{}`, is the user message of every prompt (NeMo
+    RL's `prompt_file`; Python's str.format reads it, so a literal brace is written `{{` or `}}`). The problem is the
+    row's prompt: text, or a chat of one user message (NeMo RL's math rows); any other chat is refused naming the
+    row. The prompt then goes through the tokenizer's chat template with the generation prompt, as a chat prompt
+    does. Read whole as UTF-8; `~` is expanded and a relative path is read from the working directory (under `bazel
+    run`, the directory bazel was run from). A missing, empty or unreadable file, or a template without exactly one
+    `{}`, is refused when the config loads. Applies to the training and evaluation prompts alike (and so to
+    multi-turn episodes and agents, which start from them); null: the prompt as the data holds it."""
+
+    system_prompt_file: str | None
+    """A text file whose whole text is a system message put before the user message of every prompt (NeMo RL's
+    `system_prompt_file`); the prompt is built as for prompt_template_file (which may be null: the user message is
+    then the problem itself). Read and checked like prompt_template_file; null: no system message."""
+
     truncation: str
     """A prompt longer than generator.max_prompt_length tokens (after the chat template), as veRL's
     `data.truncation`: `left` keeps its last tokens, `right` its first, `middle` the first and last halves; each

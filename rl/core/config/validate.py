@@ -4,7 +4,8 @@ Rules (world = trainer.placement.policy_num_nodes * policy_num_gpus_per_node):
 - values: names from rl/core/config/choices.py and the strategy registry; batch sizes, lengths, sample counts >= 1;
   lr, weight_decay, max_grad_norm, eps_clip_*, kl/entropy coefficients >= 0; clip_ratio_c > 1; gamma and lambd in
   [0, 1]; temperature > 0; eval_temperature >= 0 (0 = greedy); top_p in (0, 1]; top_k -1 or >= 1; betas two
-  numbers in [0, 1); resume_mode none, latest or an existing directory.
+  numbers in [0, 1); resume_mode none, latest or an existing directory; data.prompt_template_file and
+  data.system_prompt_file readable, non-empty UTF-8 text, the template with exactly one `{}`.
 - batches: train_batch_size % policy_mini_batch_size == 0 and (policy_mini_batch_size * n_samples_per_prompt) %
   (micro_train_batch_size_per_gpu * DP) == 0, with DP = world / the strategy's model-parallel size.
 - strategy (checks_backends.py): knobs of a strategy that is not selected are errors; the selected strategy checks
@@ -42,6 +43,7 @@ CHECKS: tuple[Callable[[Config, Problems], None], ...] = (
     checks_values.check_strings,
     checks_values.check_lists,
     checks_values.check_resume_mode,
+    checks_values.check_prompt_files,
     checks_combos.check_batch_sizes,
     checks_combos.check_token_budget,
     checks_combos.check_group_advantages,

@@ -10,6 +10,7 @@ from rl.core.data.errors import DataError
 from rl.core.data.layouts import prompt_and_answer
 from rl.core.data.readers import RawRow, read_rows
 from rl.core.data.records import PromptDataset, PromptRecord, parse_prompt
+from rl.core.data.templates import PromptTemplate
 
 EnvClassCheck = Callable[[str], str | None]
 """Given a row's `env_class`, the problem with it in this run (and how to fix it), or None when it is fine."""
@@ -20,6 +21,7 @@ def load_prompt_dataset(
     prompt_key: str = "prompt",
     answer_key: str = "answer",
     env_class_check: EnvClassCheck | None = None,
+    template: PromptTemplate | None = None,
 ) -> PromptDataset:
     """Read prompts from every file in `paths` (parquet or jsonl, `~` expanded), in order.
 
@@ -29,8 +31,10 @@ def load_prompt_dataset(
     data (`rl.core.data.layouts`). Optional
     columns: `data_source` (defaults to the file's name without extension), `index` (defaults to the row's 0-based
     position in its file) and `env_class` (the environment that plays the row's episodes, a string or null; each
-    is passed to `env_class_check`). Raises `DataError` for a missing, unreadable or empty file, an unsupported
-    extension, or a missing/invalid key, naming the file and row at fault.
+    is passed to `env_class_check`). With a `template` each prompt becomes the chat it builds from the row's problem
+    (`rl.core.data.templates`), so every consumer of the records sees the same prompt. Raises `DataError` for a
+    missing, unreadable or empty file, an unsupported extension, or a missing/invalid key, naming the file and row
+    at fault.
     """
     if isinstance(paths, str | Path):
         paths = [paths]
@@ -42,16 +46,17 @@ def load_prompt_dataset(
         rows = read_rows(path)
         if not rows:
             raise DataError(f"{path}: the file holds no rows; remove it from the list or regenerate it")
-        records.extend(_to_record(row, position, path, prompt_key, answer_key, env_class_check)
+        records.extend(_to_record(row, position, path, prompt_key, answer_key, env_class_check, template)
                        for position, row in enumerate(rows))
     return PromptDataset(records, files=tuple(str(path) for path in resolved))
 
 
 def _to_record(row: RawRow, position: int, path: Path, prompt_key: str, answer_key: str,
-               env_class_check: EnvClassCheck | None) -> PromptRecord:
+               env_class_check: EnvClassCheck | None, template: PromptTemplate | None) -> PromptRecord:
     prompt, answer, answer_from = prompt_and_answer(row, prompt_key, answer_key)
+    parsed = parse_prompt(prompt, row.where)
     return PromptRecord(
-        prompt=parse_prompt(prompt, row.where),
+        prompt=template.apply(parsed, row.where) if template is not None else parsed,
         answer=_answer_text(answer, row.where, answer_from),
         data_source=_data_source(row, path),
         index=_index(row, position),

@@ -362,7 +362,10 @@ def _run() -> dict[str, Entry]:
         "cluster.master_port_range_high": ignored("ports are picked by Ray here"),
         "cluster.segment_size": feature_off("NVLink-segment-aware placement", "remove it"),
         **{
-            f"data.{name}": ByRule("data.train_data, data.val_data, data.prompt_key, data.answer_key")
+            f"data.{name}": ByRule(
+                "data.train_data, data.val_data, data.prompt_key, data.answer_key, data.prompt_template_file, "
+                "data.system_prompt_file"
+            )
             for name in DATA_KEYS
         },
         "env.*": ByRule("data.reward_fn and data.reward_num_workers"),

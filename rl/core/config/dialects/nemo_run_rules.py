@@ -200,8 +200,8 @@ def loggers(layer: Layer) -> None:
 
 def data(layer: Layer) -> None:
     """NeMo RL's datasets: local files (`data_path`) are our data.train_data / val_data, their input and output
-    keys our prompt_key / answer_key; hub datasets by name, prompt files and a validation split carved from the
-    training data are not available."""
+    keys our prompt_key / answer_key, their prompt files our prompt templates (`_prompt_files`); hub datasets by
+    name and a validation split carved from the training data are not available."""
     keys = {
         key: layer.take(key)
         for key in [
@@ -222,8 +222,39 @@ def data(layer: Layer) -> None:
         ]
     }
     keys = {key: value for key, value in keys.items() if value is not MISSING}
+    _prompt_files(layer, keys)
     for key, value in keys.items():
-        _data_key(layer, key, value, keys)
+        if key.rsplit(".", 1)[-1] not in PROMPT_FILES:
+            _data_key(layer, key, value, keys)
+
+
+PROMPT_FILES = {"prompt_file": "data.prompt_template_file", "system_prompt_file": "data.system_prompt_file"}
+
+
+def _prompt_files(layer: Layer, keys: dict[str, Any]) -> None:
+    """`prompt_file` / `system_prompt_file` as data.prompt_template_file / data.system_prompt_file: the same files
+    with the same meaning (NeMo RL's math processor: a system message, then the template with the problem in its
+    `{}`), read, as NeMo RL reads them, from the working directory. NeMo RL reads each dataset with its own files (a
+    dataset's key, even null, over `data.default`'s, over the older top-level `data.prompt_file`); one pair serves
+    every prompt here, so training and validation files that differ are refused."""
+    splits = ("train", "validation") if any(key.startswith("data.validation.") for key in keys) else ("train",)
+    for name, ours in PROMPT_FILES.items():
+        given = [key for key in keys if key.rsplit(".", 1)[-1] == name]
+        if not given:
+            continue
+        used = {split: next((key for key in (f"data.{split}.{name}", f"data.default.{name}", f"data.{name}")
+                             if key in keys), None) for split in splits}
+        values = {split: keys[key] if key else None for split, key in used.items()}
+        if len(splits) == 2 and values["train"] != values["validation"]:
+            at = used["validation"] if (used["validation"] or "").startswith("data.validation.") else used["train"]
+            layer.refuse(at, f"gives the validation data {values['validation']!r} and the training data "
+                             f"{values['train']!r}; one file serves every prompt here ({ours}): give both the same")
+            continue
+        chosen = [key for key in given if key in used.values()]
+        for key in chosen:
+            emit(layer, key, ours, values["train"])
+        inert(layer, {key: keys[key] for key in given if key not in chosen},
+              f"{name} of data.train / data.validation is used")
 
 
 def _data_key(layer: Layer, key: str, value: Any, keys: dict[str, Any]) -> None:
@@ -244,15 +275,6 @@ def _data_key(layer: Layer, key: str, value: Any, keys: dict[str, Any]) -> None:
                 key,
                 f"is {value!r}, a dataset NeMo RL downloads by name: not available here; prepare it as "
                 "parquet or jsonl and give data.train.data_path (or data.train_data)",
-            )
-    elif name in ("prompt_file", "system_prompt_file"):
-        if value is None:
-            layer.inert(key, "no prompt template")
-        else:
-            layer.refuse(
-                key,
-                f"is {value!r}: prompt templates are not available here; write the prompts into the "
-                "data (the prompt column is used as it is, with the model's chat template)",
             )
     elif name == "split_validation_size":
         if value in (None, 0, 0.0) or any(other.startswith("data.validation.") for other in keys):

@@ -1,7 +1,7 @@
 """Other projects' configs through the launcher, 2 steps on the tiny job: SkyRL's quickstart as `key=value`
 arguments (the tiny job's sizes appended, as a SkyRL user passes extra arguments to the script), and NeMo RL's 1B
-megatron recipe as a `--config` file that inherits it with the model and data pointed at the tiny job. One run per
-path: overrides in SkyRL's spelling, and a NeMo RL file with `defaults:` and `${...}`."""
+megatron recipe as a `--config` file that inherits it with the model, data and prompt files pointed at the tiny
+job. One run per path: overrides in SkyRL's spelling, and a NeMo RL file with `defaults:` and `${...}`."""
 
 from __future__ import annotations
 
@@ -65,6 +65,10 @@ def test_skyrl_quickstart_trains(job, tmp_path):
 
 
 def test_nemo_1b_megatron_trains(job, tmp_path):
+    # NeMo RL's prompt files, written here: the template's two words are outside the embedded vocabulary, so the
+    # trainer's unknown-token warning shows the prompts it encodes were built with it (the task's own are not).
+    (tmp_path / "cot.txt").write_text("Please solve:\n{}", encoding="utf-8")
+    (tmp_path / "system.txt").write_text("Answer after ####.", encoding="utf-8")
     config = tmp_path / "run.yaml"
     config.write_text(
         textwrap.dedent(f"""\
@@ -75,16 +79,20 @@ def test_nemo_1b_megatron_trains(job, tmp_path):
         data:
           train: {{data_path: {job.train_data}}}
           validation: {{data_path: {job.val_data}}}
-          default: {{prompt_file: null}}
+          default: {{prompt_file: {tmp_path / "cot.txt"}, system_prompt_file: {tmp_path / "system.txt"}}}
         """),
         encoding="utf-8",
     )
     run_dir = str(tmp_path / "run")
     result = run_train(run_dir, [f"--config={config}", *job.overrides(steps=2)])
     _trained_two_steps(result, run_dir)
-    assert "NeMo RL keys read as ours" in result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert "NeMo RL keys read as ours" in output and "data.default.prompt_file -> data.prompt_template_file" in output
+    assert "are the tokenizer's unknown token" in output  # "Please solve" of the template
     saved = _saved(run_dir)
     _only_our_keys(saved)
     assert saved["trainer"]["strategy"] == "megatron"
     assert saved["trainer"]["policy"]["optimizer_config"]["lr_warmup_steps"] == 13
     assert saved["trainer"]["bf16"] is True and saved["data"]["reward_fn"] == ["gsm8k_flexible"]
+    assert (saved["data"]["prompt_template_file"], saved["data"]["system_prompt_file"]) == (
+        str(tmp_path / "cot.txt"), str(tmp_path / "system.txt"))

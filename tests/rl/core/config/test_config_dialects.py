@@ -185,10 +185,12 @@ def test_engine_arguments_are_refused_not_dropped():
 
 # --- NeMo RL's files ----------------------------------------------------------------------------------------------
 def _pointed(tmp_path, parent: str, extra: str = "") -> str:
-    """A NeMo RL child file over `parent` with the data pointed at local files, as a NeMo RL user would write it."""
+    """A NeMo RL child file over `parent` with the data and the prompt template pointed at local files, as a NeMo RL
+    user would write it."""
     train, val = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
     for path in (train, val):
         path.write_text('{"prompt": "1+1?", "answer": "2"}\n', encoding="utf-8")
+    (tmp_path / "cot.txt").write_text("Think, then answer:\n{}", encoding="utf-8")
     path = tmp_path / "run.yaml"
     path.write_text(
         textwrap.dedent(f"""\
@@ -196,7 +198,7 @@ def _pointed(tmp_path, parent: str, extra: str = "") -> str:
         data:
           train: {{data_path: {train}}}
           validation: {{data_path: {val}}}
-          default: {{prompt_file: null}}
+          default: {{prompt_file: {tmp_path / "cot.txt"}}}
         """)
         + textwrap.dedent(extra),
         encoding="utf-8",
@@ -209,11 +211,14 @@ def test_nemo_1b_as_written_refuses_only_missing_features():
     assert set(refused) == {
         "data.train.dataset_name",
         "data.train.split_validation_size",
-        "data.default.prompt_file",
+        "data.prompt_template_file",  # data.default.prompt_file, NeMo RL's examples/prompts/cot.txt: not here
         "checkpointing.keep_top_k",
     }, refused
     assert "downloads by name" in refused["data.train.dataset_name"]
-    assert "prompt templates" in refused["data.default.prompt_file"]
+    assert refused["data.prompt_template_file"].startswith(
+        f"data.prompt_template_file: examples/prompts/cot.txt (read as {os.getcwd()}/examples/prompts/cot.txt) does "
+        "not exist; "
+    )
     assert "no pruning" in refused["checkpointing.keep_top_k"]
 
 
@@ -256,9 +261,32 @@ def test_nemo_1b_meanings(tmp_path, caplog):
     assert trainer.placement.colocate_all is True
     assert cfg.data.train_data == [str(tmp_path / "train.jsonl")] and cfg.data.val_data == [str(tmp_path / "val.jsonl")]
     assert (cfg.data.reward_fn, cfg.data.reward_num_workers) == (["gsm8k_flexible"], 8)
+    assert (cfg.data.prompt_template_file, cfg.data.system_prompt_file) == (str(tmp_path / "cot.txt"), None)
     lines = _lines(caplog)
+    assert f"data.default.prompt_file -> data.prompt_template_file='{tmp_path / 'cot.txt'}'" in lines[0]
     assert any(line.startswith("config: grpo.use_leave_one_out_baseline (NeMo RL): ") for line in lines)
     assert any(line.startswith("config: policy.scheduler (NeMo RL): ") for line in lines)
+
+
+def test_nemo_prompt_files_per_dataset(tmp_path, caplog):
+    """A dataset's own prompt_file (even null) over data.default's, as NeMo RL's update_single_dataset_config fills
+    them; one pair serves every prompt here, so training and validation files that differ are refused."""
+    cot, other, system = (tmp_path / name for name in ("cot.txt", "other.txt", "system.txt"))
+    for path, text in ((cot, "Q: {}"), (other, "Other: {}"), (system, "Be brief.")):
+        path.write_text(text, encoding="utf-8")
+    data = [f"data.train.data_path={tmp_path}/t.jsonl", f"data.validation.data_path={tmp_path}/v.jsonl"]
+    cfg = _load(caplog, [*data, f"data.default.prompt_file={other}", f"data.train.prompt_file={cot}",
+                         f"data.validation.prompt_file={cot}", f"data.default.system_prompt_file={system}"])
+    assert (cfg.data.prompt_template_file, cfg.data.system_prompt_file) == (str(cot), str(system))
+    inert = next(line for line in _lines(caplog) if "accepted with no effect here" in line)
+    assert "data.default.prompt_file (prompt_file of data.train / data.validation is used)" in inert
+    cfg = load_config([f"data.prompt_file={cot}", "data.system_prompt_file=null"])  # NeMo RL's older layout
+    assert (cfg.data.prompt_template_file, cfg.data.system_prompt_file) == (str(cot), None)
+    refused = _refused([*data, f"data.default.prompt_file={cot}", "data.validation.prompt_file=null"])
+    assert refused["data.validation.prompt_file"] == (
+        f"data.validation.prompt_file: gives the validation data None and the training data '{cot}'; one file "
+        "serves every prompt here (data.prompt_template_file): give both the same"
+    )
 
 
 def test_nemo_1b_megatron_inherits_and_ignores_the_disabled_dtensor_block(tmp_path, caplog):
