@@ -16,17 +16,16 @@ import asyncio
 import inspect
 import logging
 import math
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from rl.core.data.records import PromptRecord
 from rl.core.user_code import UserExit, exit_text, exits_as_errors, load_object
 from rl.trainer.agent_records import AgentTrajectory, trajectories_of
 from rl.trainer.env_calls import EpisodeError
+from rl.trainer.episodes import trajectory_means
 from rl.trainer.rewarding import SHOWN_ERRORS, describe_row
 
 KEY = "environment.agent_fn"
@@ -208,15 +207,7 @@ class AgentEpisodes:
         trajectory, of each way they finished (finish/<reason>) and of the agents' extra numbers (agent/<name>);
         trajectories_per_episode, policy_version (the newest that sampled a token), and reward_errors (failed
         episodes, data.reward_on_error=zero)."""
-        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-        sums: dict[str, float] = defaultdict(float)
-        for t in trajectories:
-            sums["turns_mean"] += t.calls
-            sums[f"finish/{t.finish_reason}"] += 1
-            for name, value in t.metrics.items():
-                sums[f"agent/{name}"] += float(value)
-        count = max(len(trajectories), 1)
-        means = {name: value / count for name, value in sums.items()}
+        rewards, means = trajectory_means(trajectories, [t.calls for t in trajectories], "agent")
         episodes = {(t.prompt_index, t.sample_index) for t in trajectories}
         means["trajectories_per_episode"] = len(trajectories) / max(len(episodes), 1)
         versions = [v for t in trajectories for v in t.versions if v >= 0]

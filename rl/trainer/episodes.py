@@ -55,14 +55,20 @@ class Episodes:
         """[B] episode rewards, and the means of turns, of the environments' last-step metrics (env/<name>) and of
         each way the episodes finished (finish/<reason>); reward_errors counts the episodes whose environment
         failed (data.reward_on_error=zero)."""
-        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-        sums: dict[str, float] = defaultdict(float)
-        for t in trajectories:
-            sums["turns_mean"] += t.turns
-            sums[f"finish/{t.finish_reason}"] += 1
-            for name, value in t.metrics.items():
-                sums[f"env/{name}"] += float(value)
-        count = max(len(trajectories), 1)
-        means = {name: value / count for name, value in sums.items()}
+        rewards, means = trajectory_means(trajectories, [t.turns for t in trajectories], "env")
         means["reward_errors"] = float(sum(bool(t.error) for t in trajectories))
         return rewards, means
+
+
+def trajectory_means(trajectories, turns: list[int], prefix: str) -> tuple[Tensor, dict[str, float]]:
+    """[B] rewards of `trajectories`, and the means over them of `turns` (turns_mean), of each way they finished
+    (finish/<reason>) and of their own metrics (<prefix>/<name>)."""
+    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+    sums: dict[str, float] = defaultdict(float)
+    for t, count in zip(trajectories, turns, strict=True):
+        sums["turns_mean"] += count
+        sums[f"finish/{t.finish_reason}"] += 1
+        for name, value in t.metrics.items():
+            sums[f"{prefix}/{name}"] += float(value)
+    count = max(len(trajectories), 1)
+    return rewards, {name: value / count for name, value in sums.items()}

@@ -475,3 +475,25 @@ def weighted_mean_gap(weights: Sequence[float], magnitudes: Sequence[float], sam
     magnitude = sum(abs(w) * m for w, m in zip(weights, magnitudes, strict=True))
     rounding = gamma(2 * sources + samples + 1, torch.float32) + gamma(samples + 2 * sources + 4, torch.float64)
     return rounding * magnitude
+
+
+def trained_model_logprob_gap(model_path: str, lr: float, steps: int) -> float:
+    """How far two float32 forwards' logprobs of one token (an engine's and the trainer's, or the policy's and the
+    reference's) can sit at the same weights, for the model at `model_path` after at most `steps` Adam steps at
+    `lr` (`logprob_gap` over the longest position). The run's logits are not at hand, so the largest |logit| is
+    bounded from the weights: the final RMSNorm's output has L2 norm at most sqrt(hidden) * max|gain| and a logit
+    is an LM-head row's product with it (Cauchy-Schwarz); each element moved by at most `adam_drift` / 2 from its
+    initial value (the head's row norm by that times sqrt(hidden))."""
+    import json
+    import os
+
+    from transformers import AutoModelForCausalLM
+
+    with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    head, gain = model.get_output_embeddings().weight.detach(), model.model.norm.weight.detach()
+    hidden = head.shape[1]
+    moved = adam_drift(lr, steps) / 2
+    largest = (head.norm(dim=1).max() + moved * hidden**0.5) * (gain.abs().max() + moved) * hidden**0.5
+    return logprob_gap(config, largest, config["max_position_embeddings"])

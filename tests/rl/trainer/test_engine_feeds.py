@@ -14,12 +14,9 @@ emulated devices (`shared_weights.EMULATE_ENV`: each placement slot a device of 
   two computations. The control, in the same run: an engine left with the initial weights would sample step 2
   from the reference model's weights, whose mean gap `kl` (the `abs` estimator) exceeds twice that bound."""
 
-import json
-import os
 import re
 
 import pytest
-import torch
 
 import rl.backends.registry  # noqa: F401  (registers the strategies the config names)
 from rl.core.config.loader import load_config
@@ -119,23 +116,6 @@ def test_the_transport_follows_the_plan(capsys, every_rank, engine_keys, chosen,
         assert what in printed
 
 
-def _logprob_gap(model_path: str) -> float:
-    """How far the float32 engine's and the trainer's logprobs of one token can sit at the same weights
-    (`tolerances.logprob_gap`, relative to the largest |logit|). The largest |logit| is bounded from the weights:
-    the final RMSNorm's output has L2 norm at most sqrt(hidden) * max|gain|, and a logit is an LM-head row's product
-    with it; the weights step 2 samples from moved by at most `adam_drift` / 2 per element from the initial ones."""
-    from transformers import AutoModelForCausalLM
-
-    with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
-        config = json.load(f)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    head, gain = model.get_output_embeddings().weight.detach(), model.model.norm.weight.detach()
-    hidden = head.shape[1]
-    moved = tolerances.adam_drift(LR, STEPS - 1) / 2
-    largest = (head.norm(dim=1).max() + moved * hidden**0.5) * (gain.abs().max() + moved) * hidden**0.5
-    return tolerances.logprob_gap(config, largest, config["max_position_embeddings"])
-
-
 def test_each_rank_feeds_the_engine_on_its_device(tmp_path):
     job = make_tiny_job(str(tmp_path / "job"))
     run_dir = str(tmp_path / "run")
@@ -153,7 +133,7 @@ def test_each_rank_feeds_the_engine_on_its_device(tmp_path):
     assert "weight sync: ipc, buckets of 1 MiB" in result.stdout
     assert "weight feeds by handle: rank 0 -> engine 0 worker 0; rank 1 -> engine 1 worker 0" in result.stdout
     rows = {row["step"]: row for row in read_metrics(f"{run_dir}/metrics.jsonl") if "loss" in row}
-    gap = _logprob_gap(job.model_path)
+    gap = tolerances.trained_model_logprob_gap(job.model_path, LR, STEPS - 1)
     print(f"engine-trainer gaps {[rows[s]['rollout_logprob_abs_diff_max'] for s in (1, 2)]}, kl "
           f"{[rows[s]['kl'] for s in (1, 2)]}, bound {gap:.3g}")
     for step in (1, 2):

@@ -10,8 +10,6 @@ reference model's. With the `abs` KL estimator, step 2's `kl` is the mean over t
 |logprob(step-1 weights) - logprob(initial weights)|, so a stale engine's gap would be at least `kl` less the
 engine-trainer gap (below the bound, step 1): `kl` > 2 * the bound means the sync check would catch it."""
 
-import json
-import os
 
 import pytest
 import torch
@@ -32,26 +30,6 @@ LAYOUTS = {
 LR, STEPS = 1e-2, 2
 
 
-def _logprob_gap(model_path: str) -> float:
-    """How far the float32 engine's and the trainer's logprobs of one token can sit at the same weights, and the
-    trainer's policy and reference at step 1 (`tolerances.logprob_gap`: the forward's reductions over the longest
-    position, relative to the largest |logit|). The run's logits are not at hand, so the largest |logit| is bounded
-    from the weights: the final RMSNorm's output has L2 norm at most sqrt(hidden) * max|g| and a logit is a head
-    row's product with it (Cauchy-Schwarz); the weights every step samples from moved by at most lr * (steps - 1)
-    per element from the initial ones (`tolerances.adam_drift` of one run: each Adam step moves an element by at
-    most lr * `adam_step_bound`)."""
-    from transformers import AutoModelForCausalLM
-
-    with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
-        config = json.load(f)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    head, gain = model.get_output_embeddings().weight.detach(), model.model.norm.weight.detach()
-    hidden = head.shape[1]
-    moved = tolerances.adam_drift(LR, STEPS - 1) / 2
-    largest = (head.norm(dim=1).max() + moved * hidden**0.5) * (gain.abs().max() + moved) * hidden**0.5
-    return tolerances.logprob_gap(config, largest, config["max_position_embeddings"])
-
-
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     return make_tiny_job(str(tmp_path_factory.mktemp("job")))
@@ -70,7 +48,7 @@ def test_engine_samples_from_the_weights_the_workers_trained(job, tmp_path, layo
     assert "generation: vllm engine on engine 0:" in result.stdout
     assert f"weight sync: {'ray' if layout == 'fsdp' else 'ipc'}, buckets of 1 MiB" in result.stdout
     rows = {row["step"]: row for row in read_metrics(f"{run_dir}/metrics.jsonl") if "loss" in row}
-    gap = _logprob_gap(job.model_path)
+    gap = tolerances.trained_model_logprob_gap(job.model_path, LR, STEPS - 1)
     print(f"{layout}: engine-trainer gaps {[rows[s]['rollout_logprob_abs_diff_max'] for s in (1, 2)]}, kl "
           f"{[rows[s]['kl'] for s in (1, 2)]}, bound {gap:.3g}")
     for step in (1, 2):
