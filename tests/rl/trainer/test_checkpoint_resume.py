@@ -1,6 +1,6 @@
 """A run SIGKILLed in the middle of a checkpoint write resumes from the last complete one and then produces the
-same metrics as a run that was never interrupted; the half-written checkpoint is never loaded. A damaged shard of
-the newest checkpoint is named and passed over the same way. A checkpoint resumed under another strategy is refused
+same metrics as a run that was never interrupted; the half-written checkpoint is never loaded. Damaged shards of
+the newest checkpoints are named and passed over the same way. A checkpoint resumed under another strategy is refused
 before anything starts, and `rl.launch.convert` turns it into a Hugging Face model instead."""
 
 import os
@@ -13,7 +13,7 @@ from rl.trainer import checkpoint
 from rl.trainer.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 
-STEPS = 3
+STEPS = 4  # three checkpoints to damage beside the oldest
 COMPARED = ("reward_mean", "loss", "pg_loss", "grad_norm", "kl", "entropy")
 
 
@@ -110,22 +110,27 @@ def _damage(path: str, how: str) -> None:
             f.write(bytes([byte[0] ^ 0x5A]))
 
 
-@pytest.mark.parametrize("how", ["flipped", "truncated", "deleted"])
-def test_damaged_newest_checkpoint_is_named_and_resume_falls_back(job, reference_dir, expected, tmp_path, how):
-    """The newest checkpoint's largest shard damaged after the run: resume names the file, goes back one checkpoint
-    and then logs the same metrics as the run that was never damaged."""
+def test_damaged_checkpoints_are_named_and_resume_falls_back_to_the_newest_intact_one(job, reference_dir, expected,
+                                                                                      tmp_path):
+    """After the run, the largest shard of each of the three newest checkpoints damaged in one of three ways (a byte
+    flipped, cut to half, deleted): resume names each of them with its file, goes back to the oldest checkpoint and
+    then logs the same metrics as the run that was never damaged."""
     run_dir = str(tmp_path / "damaged")
     shutil.copytree(reference_dir, run_dir, ignore=shutil.ignore_patterns("ray"))
-    newest = os.path.join(run_dir, "checkpoints", f"global_step_{STEPS}")
-    files = [os.path.join(parent, name) for parent, _, names in os.walk(newest) for name in names]
-    shard = max(files, key=os.path.getsize)
-    _damage(shard, how)
+    damaged = {}
+    for step, how in zip(range(STEPS, 1, -1), ("flipped", "truncated", "deleted"), strict=True):
+        saved = os.path.join(run_dir, "checkpoints", f"global_step_{step}")
+        files = [os.path.join(parent, name) for parent, _, names in os.walk(saved) for name in names]
+        shard = max(files, key=os.path.getsize)
+        _damage(shard, how)
+        damaged[saved] = shard
 
     resumed = run_train(run_dir, [*_overrides(job), "trainer.resume_mode=latest"])
     assert resumed.returncode == 0, resumed.stderr[-5000:]
     said = resumed.stdout + resumed.stderr
-    assert f"checkpoint {newest} is damaged" in said and os.path.relpath(shard, newest) in said
-    assert f"global_step_{STEPS - 1} (step {STEPS - 1})" in resumed.stdout
+    for saved, shard in damaged.items():
+        assert f"checkpoint {saved} is damaged" in said and os.path.relpath(shard, saved) in said, saved
+    assert "global_step_1 (step 1)" in resumed.stdout
     _assert_same_steps(run_dir, expected)
 
 

@@ -4,6 +4,7 @@ checkpoint logs what the uninterrupted run logged."""
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -26,16 +27,15 @@ def job(tmp_path_factory):
     return make_tiny_job(str(tmp_path_factory.mktemp("job")))
 
 
-# The worker's export path; each strategy's adapters and merged weights are checked against PEFT in its own backend
-# test (tests/rl/backends/test_lora.py, tests/rl/backends/megatron/test_lora.py).
-@pytest.mark.parametrize("strategy", ["fsdp2", "megatron"])
-def test_exports_are_a_peft_adapter_and_merged_weights(job, tmp_path, strategy):
-    run_dir = str(tmp_path / "run")
-    result = run_train(run_dir, [*job.overrides(steps=2), *LORA, "trainer.hf_save_interval=2",
-                                 f"trainer.strategy={strategy}",
-                                 "trainer.policy.model.lora.merge_on_export=true"])
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    export = os.path.join(run_dir, "exports", "global_step_2")
+EXPORTED = [f"trainer.hf_save_interval={STEPS}", "trainer.policy.model.lora.merge_on_export=true"]
+
+
+def _assert_exports(job, run_dir: str) -> None:
+    """The run's last export is a PEFT adapter folder that PEFT loads, and merged weights that transformers loads to
+    the adapted model's logits. (Each strategy's adapters and merged weights are checked against PEFT in its own
+    backend test: tests/rl/backends/test_lora.py, tests/rl/backends/megatron/test_lora.py; here the worker's export
+    path.)"""
+    export = os.path.join(run_dir, "exports", f"global_step_{STEPS}")
     with open(os.path.join(export, "adapter_config.json")) as f:
         config = json.load(f)
     assert config["r"] == 8 and config["lora_alpha"] == 16 and config["peft_type"] == "LORA"
@@ -57,16 +57,17 @@ def test_exports_are_a_peft_adapter_and_merged_weights(job, tmp_path, strategy):
     gap = tolerances.network_rtol(reductions, torch.float32) * float(want.abs().max())
     tolerances.assert_within(got, want, gap, "merged export's logits")
     moved = float((want - plain).abs().max())
-    assert moved > gap, f"two steps at lr 1e-2 moved the adapters: max |change| {moved:.3g} <= rounding {gap:.3g}"
+    assert moved > gap, f"{STEPS} steps at lr 1e-2 moved the adapters: max |change| {moved:.3g} <= rounding {gap:.3g}"
 
 
 @pytest.fixture(scope="module")
-def one_worker(job, tmp_path_factory) -> dict[int, dict]:
-    """The LoRA job on fsdp2 and one worker, a checkpoint every step: what the other runs are compared with."""
+def one_worker(job, tmp_path_factory) -> tuple[str, dict[int, dict]]:
+    """The LoRA job on fsdp2 and one worker, a checkpoint every step and exports at the end: what the other runs are
+    compared with (its run dir and per-step metrics)."""
     run_dir = str(tmp_path_factory.mktemp("lora-fsdp2-1w"))
-    result = run_train(run_dir, [*job.overrides(steps=STEPS), *LORA, "trainer.ckpt_interval=1"])
+    result = run_train(run_dir, [*job.overrides(steps=STEPS), *LORA, *EXPORTED, "trainer.ckpt_interval=1"])
     assert result.returncode == 0, result.stderr[-5000:]
-    return {r["step"]: r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl"))}
+    return run_dir, {r["step"]: r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl"))}
 
 
 def _assert_same_steps(run_dir: str, expected: dict[int, dict], exact: bool = False) -> None:
@@ -84,14 +85,21 @@ def _assert_same_steps(run_dir: str, expected: dict[int, dict], exact: bool = Fa
                 assert row[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (row["step"], key)
 
 
+def test_exports_are_a_peft_adapter_and_merged_weights(job, one_worker):
+    _assert_exports(job, one_worker[0])
+
+
 def test_resume_from_an_adapter_checkpoint_continues_exactly(job, tmp_path, one_worker):
+    """The run as it stood after step 2 (its checkpoints up to step 2; the rows it logged after are dropped by the
+    resume), resumed: step 3 again, exactly."""
+    run_dir, expected = one_worker
     resumed = str(tmp_path / "resumed")
-    first = run_train(resumed, [*job.overrides(steps=2), *LORA, "trainer.ckpt_interval=1"])
-    assert first.returncode == 0, first.stderr[-5000:]
-    second = run_train(resumed, [*job.overrides(steps=STEPS), *LORA, "trainer.ckpt_interval=1",
+    shutil.copytree(run_dir, resumed, ignore=shutil.ignore_patterns("ray", "exports", f"global_step_{STEPS}"))
+    result = run_train(resumed, [*job.overrides(steps=STEPS), *LORA, "trainer.ckpt_interval=1",
                                  "trainer.resume_mode=latest"])
-    assert second.returncode == 0, second.stderr[-5000:]
-    _assert_same_steps(resumed, one_worker, exact=True)
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert f"global_step_{STEPS - 1} (step {STEPS - 1})" in result.stdout
+    _assert_same_steps(resumed, expected, exact=True)
 
 
 @pytest.mark.parametrize("strategy,workers,extra", [
@@ -99,8 +107,10 @@ def test_resume_from_an_adapter_checkpoint_continues_exactly(job, tmp_path, one_
     ("megatron", 2, ("trainer.policy.megatron_config.tensor_model_parallel_size=2",)),
 ], ids=["fsdp2-2w", "fsdp-2w", "zero3-2w", "megatron-tp2-2w"])
 def test_the_same_lora_job_through_every_layout(job, tmp_path, one_worker, strategy, workers, extra):
+    """The same steps as the one-worker run, and exports as its."""
     run_dir = str(tmp_path / "run")
-    result = run_train(run_dir, [*job.overrides(steps=STEPS), *LORA, *extra, f"trainer.strategy={strategy}",
+    result = run_train(run_dir, [*job.overrides(steps=STEPS), *LORA, *EXPORTED, *extra, f"trainer.strategy={strategy}",
                                  f"trainer.placement.policy_num_gpus_per_node={workers}"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    _assert_same_steps(run_dir, one_worker)
+    _assert_same_steps(run_dir, one_worker[1])
+    _assert_exports(job, run_dir)
