@@ -90,5 +90,8 @@ def _options(placed, plan):
     """Ray options of a worker rank: its bundle, and its cores or thread count."""
     if plan.worker_cores:
         return placed  # pinned to the cores the engines leave
-    threads = 1 if torch.cuda.is_available() else max(1, (os.cpu_count() or 1) // (plan.workers + plan.ref_workers))
+    # The launcher's OMP_NUM_THREADS where set, as for its other processes (one thread makes a run reproducible to
+    # the bit: BLAS's threads may sum in another order from run to run); else the cores shared out.
+    shared_out = max(1, (os.cpu_count() or 1) // (plan.workers + plan.ref_workers))
+    threads = 1 if torch.cuda.is_available() else int(os.environ.get("OMP_NUM_THREADS") or 0) or shared_out
     return lambda rank: {**placed(rank), "runtime_env": {"env_vars": {**ACTOR_ENV, "OMP_NUM_THREADS": str(threads)}}}
