@@ -13,6 +13,7 @@ from rl.core.algorithms import LossSettings
 from rl.core.algorithms.reward_shaping import overlong_penalty, pass_and_mean_at_k
 from rl.core.algorithms.value_loss import ValueLossSettings
 from rl.core.config import config_to_dict
+from rl.core.config.choices import ROLLOUT_ANCHORED_POLICY_LOSSES
 from rl.core.data import BatchPosition, batches_per_epoch, iter_batches
 from rl.trainer import checkpoint, components, finite, write_faults
 from rl.trainer.engines import RemoteEngines
@@ -26,7 +27,7 @@ from rl.trainer.policy_update import compute_logprobs, is_on_policy, micro_batch
 from rl.trainer.prompt_encoding import PromptEncoder, refuse_at_start
 from rl.trainer.reward_models import start_reward_models
 from rl.trainer.rewarding import RewardScorer
-from rl.trainer.rollout_mismatch import measure_and_correct, skips_old_logprob_pass
+from rl.trainer.rollout_mismatch import anchor_on_rollout, measure_and_correct, skips_old_logprob_pass
 from rl.trainer.rollout_queue import RolloutQueue
 from rl.trainer.sampling import ScoredBatch, collect_step_batch
 from rl.trainer.sources import resolve_sources
@@ -239,6 +240,8 @@ class Trainer:
         row.update(assign_advantages(experience, algo.advantage_estimator, algo.grpo_norm_by_std, algo.gamma,
                                      algo.lambd, token_rewards))
         row.update(measure_and_correct(experience, algo.off_policy_correction))
+        if algo.policy_loss_type in ROLLOUT_ANCHORED_POLICY_LOSSES:
+            anchor_on_rollout(experience)
         row.update(self.update(step, experience))
         row.update(queue_row)
         row.update(prompt_row)

@@ -2,10 +2,11 @@
 files read and hold the configured keys and enough prompts (built with the prompt template, so every row's prompt
 suits it and the length checks below see the prompts the trainer encodes), the model path exists when it is local,
 the reward is registered, a multi-turn environment builds and every prompt leaves room in its episodes, prompts fit
-generator.max_prompt_length (data.truncation=error) and the model's positions, checkpoints and exports
-can be written where the config says, a checkpoint to resume is complete, intact and of this strategy, the kernels
-`trainer.kernels` names can run here, the placement fits this machine, and the memory planner predicts the layout
-fits its GPUs (`rl.trainer.memory_plan`). Every problem is reported at once as a ConfigError naming the key."""
+generator.max_prompt_length (data.truncation=error) and the model's positions, checkpoints and exports can be
+written where the config says, a checkpoint to resume is complete, intact and of this strategy, the kernels
+`trainer.kernels` names and nccl weight sync can run here (both need CUDA), the placement fits this machine, and the
+memory planner predicts the layout fits its GPUs (`rl.trainer.memory_plan`). Every problem is reported at once as a
+ConfigError naming the key."""
 
 from __future__ import annotations
 
@@ -289,14 +290,26 @@ def _writable_problems(cfg) -> list[str]:
     return found
 
 
+def _lacks_cuda(ray_address: str | None) -> bool:
+    """No CUDA device here, and no cluster whose workers may have the GPUs this driver lacks."""
+    return not (ray_address or torch.cuda.is_available())
+
+
 def _kernel_problems(cfg, ray_address: str | None) -> list[str]:
     kernels = cfg.trainer.kernels
-    if kernels not in ("cuda", "triton") or ray_address or torch.cuda.is_available():
-        return []  # a cluster's workers may have the GPUs this driver lacks
+    if not _lacks_cuda(ray_address) or kernels not in ("cuda", "triton"):
+        return []
     if kernels == "triton" and os.environ.get("TRITON_INTERPRET") == "1":
         return []
     return [f"trainer.kernels: {kernels} needs a CUDA device and this machine has none; use trainer.kernels=auto "
             "(torch on CPU) or torch"]
+
+
+def _weight_sync_problems(cfg, ray_address: str | None) -> list[str]:
+    if not _lacks_cuda(ray_address) or cfg.generator.weight_sync_backend != "nccl":
+        return []
+    return ["generator.weight_sync_backend: nccl needs a CUDA device and this machine has none; use gloo (the same "
+            "broadcast from rank 0 over gloo), or leave it unset to pick one for the placement"]
 
 
 def _placement_problems(cfg, ray_address: str | None) -> list[str]:
@@ -313,6 +326,7 @@ def preflight(cfg, ray_address: str | None = None) -> None:
                 *_reward_model_problems(cfg), *_environment_problems(cfg),
                 *_prompt_room_problems(cfg, loaded), *_prompt_length_problems(cfg, loaded), *agent_problems(cfg),
                 *_resume_problems(cfg), *_writable_problems(cfg), *_kernel_problems(cfg, ray_address),
+                *_weight_sync_problems(cfg, ray_address),
                 *_placement_problems(cfg, ray_address), *companion_model_problems(cfg), *memory_problems(cfg)]
     if problems:
         raise ConfigError(problems)

@@ -37,3 +37,10 @@ def measure_and_correct(experience: Experience, correction) -> dict[str, float]:
             seq["advantages"] = seq["advantages"] * w
             seq["loss_mask"] = m
     return metrics
+
+
+def anchor_on_rollout(experience: Experience) -> None:
+    """For a loss whose ratio is to the engine's logprobs (`rollout_is`): each sequence's rollout logprobs become
+    the old logprobs the workers' loss reads, once the gap to the trainer's own was measured (and corrected)."""
+    for seq in experience.sequences:
+        seq["old_logprobs"] = seq["rollout_logprobs"]

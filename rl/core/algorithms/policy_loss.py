@@ -295,3 +295,31 @@ def importance_sampling(
     """
     ratio = torch.exp(logprob - old_logprob)
     return -ratio * advantages, {"importance_ratio": ratio.detach(), "ppo_kl": _ppo_kl(logprob, old_logprob)}
+
+
+@POLICY_LOSSES.register("rollout_is")
+def rollout_is(
+    logprob,
+    old_logprob,
+    advantages,
+    mask=None,
+    *,
+    eps_clip_low,
+    eps_clip_high,
+    clip_ratio_c=3.0,
+    seq_ids=None,
+    num_sequences=None,
+    **options,
+):
+    """SkyRL's `rollout_is` (GLM-5's agentic loss): -sg(r * 1[1 - eps_clip_low < r < 1 + eps_clip_high]) * A * logp,
+    r = exp(logp - old) with `old` the engine's rollout logprobs (the trainer hands them over as the old logprobs for
+    this loss: `rl.trainer.rollout_mismatch.anchor_on_rollout`), log ratio clamped to +-20.
+
+    CISPO's weighted policy gradient, but a token whose ratio leaves the band contributes nothing (CISPO clamps its
+    weight instead). Metric ``pg_clipfrac``: the share of tokens outside the band (SkyRL's ``clip_ratio``).
+    """
+    ratio = _ratio(logprob, old_logprob)
+    inside = (ratio > 1.0 - eps_clip_low) & (ratio < 1.0 + eps_clip_high)
+    weight = torch.where(inside, ratio, torch.zeros_like(ratio)).detach()
+    return -weight * advantages * logprob, {"pg_clipfrac": (~inside).to(ratio.dtype),
+                                            "ppo_kl": _ppo_kl(logprob, old_logprob)}

@@ -11,7 +11,11 @@ ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce++", "gae", "no_op")
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
 KL_CONTROLLERS = ("fixed", "adaptive")
 """`trainer.algorithm.kl_ctrl.type` (rl/core/algorithms/kl_controller.py)."""
-POLICY_LOSSES = ("regular", "dual_clip", "gspo", "cispo", "sapo", "clip_cov", "kl_cov", "importance_sampling")
+POLICY_LOSSES = ("regular", "dual_clip", "gspo", "cispo", "sapo", "clip_cov", "kl_cov", "importance_sampling",
+                 "rollout_is")
+ROLLOUT_ANCHORED_POLICY_LOSSES = ("rollout_is",)
+"""Policy losses whose ratio is to the engine's rollout logprobs, not the trainer's old logprobs
+(`rl.trainer.rollout_mismatch.anchor_on_rollout`)."""
 COVARIANCE_POLICY_LOSSES = ("clip_cov", "kl_cov")
 """Policy losses whose token selection depends on the other tokens' advantages (rl/core/algorithms/policy_loss.py
 COVARIANCE_LOSSES): TIS weights cannot be applied through their advantages."""

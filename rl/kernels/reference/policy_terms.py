@@ -29,6 +29,7 @@ UNFUSED_POLICY_LOSSES = {
     "kl_cov": "it picks tokens by a covariance over every token of the micro-batch, known only after all are scored",
     "sapo": "no kernel formula yet (a per-token gate: it could have one)",
     "importance_sampling": "no kernel formula yet (-r * A per token: it could have one)",
+    "rollout_is": "no kernel formula yet (cispo's with a hard band: it could have one)",
 }
 """Registered policy losses the kernels leave to the logits path, and why; the config refuses them with
 trainer.policy.use_fused_kernels (rl/core/config/checks_values.py)."""

@@ -48,6 +48,8 @@ MACHINE = {
                                 ("no config.json",)),
     "cuda_kernels_without_cuda": Bad(["trainer.kernels=cuda"], "trainer.kernels", ("needs a CUDA device",)),
     "triton_kernels_without_cuda": Bad(["trainer.kernels=triton"], "trainer.kernels", ("needs a CUDA device",)),
+    "nccl_weight_sync_without_cuda": Bad(["generator.weight_sync_backend=nccl", "trainer.placement.colocate_all=false"],
+                                         "generator.weight_sync_backend", ("nccl needs a CUDA device", "use gloo")),
     "ckpt_under_a_file": Bad(["trainer.ckpt_path={file}/ckpt"], "trainer.ckpt_path", ("is a file",)),
     "export_under_a_file": Bad(["trainer.export_path={file}/exports"], "trainer.export_path", ("is a file",)),
     "unknown_reward": Bad(["data.reward_fn=gsm9k"], "data.reward_fn", ("Did you mean 'gsm8k'?",)),

@@ -11,7 +11,7 @@ import torch
 
 from rl.trainer.experience import Experience
 from rl.trainer.metrics import read_metrics
-from rl.trainer.rollout_mismatch import measure_and_correct, skips_old_logprob_pass
+from rl.trainer.rollout_mismatch import anchor_on_rollout, measure_and_correct, skips_old_logprob_pass
 from tests.testing.tiny_job import make_tiny_job, run_train
 from tests.testing.tolerances import EXP_ROUNDINGS, gamma, unit_roundoff
 
@@ -50,6 +50,25 @@ def test_measure_and_correct_scales_advantages_and_masks_tokens():
     experience = _experience()
     assert "tis_token_clip_high_ratio" not in measure_and_correct(experience, SimpleNamespace(**OFF))
     assert experience.sequences[0]["advantages"].tolist() == [0.0, 1.0, 1.0]  # measured, not corrected
+
+
+def test_rollout_is_takes_its_ratio_to_the_engine_after_the_gap_is_measured():
+    """`anchor_on_rollout` after `measure_and_correct`: the gap is the trainer's old logprobs against the engine's,
+    and then the engine's are the old logprobs the loss reads. First sequence at logprobs = its old ones: the ratios
+    to the engine are e^1 (outside rollout_is's band: no gradient) and 1 (inside: -A per unit logp)."""
+    from rl.core.algorithms import POLICY_LOSSES
+
+    experience = _experience()
+    metrics = measure_and_correct(experience, SimpleNamespace(**OFF))
+    anchor_on_rollout(experience)
+    assert metrics["rollout_logprob_abs_diff_max"] == pytest.approx(1.0)
+    first = experience.sequences[0]
+    assert first["old_logprobs"].tolist() == [0.0, -2.0, -2.0]
+    logprob = torch.tensor([0.0, -1.0, -2.0], requires_grad=True)
+    loss, _ = POLICY_LOSSES.get("rollout_is")(logprob, first["old_logprobs"], first["advantages"], first["loss_mask"],
+                                             eps_clip_low=0.2, eps_clip_high=0.2)
+    (loss * first["loss_mask"]).sum().backward()
+    assert logprob.grad.tolist() == [0.0, 0.0, -1.0]
 
 
 def test_the_on_policy_shortcut_only_without_a_correction():

@@ -14,7 +14,6 @@ SKYRL_GYM_ENVIRONMENTS = ("text2sql", "search", "lcb", "searchcode", "aime")
 """SkyRL-gym's registered environments that are not built in here (`gsm8k` is the single-turn gsm8k_skyrl reward,
 `gsm8k_multi_turn` the built-in environment of that name)."""
 MISSING_LOSSES = {
-    "rollout_is": "SkyRL's rollout_is loss (GLM-5's importance-weighted loss on rollout logprobs)",
     "dppo": "DPPO's divergence-masked loss",
     "cross_entropy": "a cross-entropy (supervised) policy loss",
 }

@@ -135,6 +135,7 @@ def test_registry_names():
         "importance_sampling",
         "kl_cov",
         "regular",
+        "rollout_is",
         "sapo",
     ]
 
@@ -253,3 +254,20 @@ def test_importance_sampling_hand_computed():
     assert_hand(metrics["importance_ratio"], [1.5, 5.0, 1.0])
     loss.sum().backward()
     assert_hand(logp.grad, [-3.0, 5.0, -0.7])
+
+
+def test_rollout_is_hand_computed():
+    # band (1 - 0.2, 1 + 0.3) = (0.8, 1.3); loss -sg(r in band ? r : 0) A logp, so d/dlogp = -(r in band ? r : 0) A
+    # 1: r 1.1, A 1    inside:  loss -1.1 log 1.1,      grad -1.1
+    # 2: r 0.9, A -2   inside:  loss  1.8 log 0.9,      grad  1.8
+    # 3: r 1.5, A 1    above:   loss 0, grad 0 (cispo would clamp its weight to 1.3)
+    # 4: r 0.5, A 3    below:   loss 0, grad 0
+    # 5: r 1, A 1      inside:  loss 0 (log 1),         grad -1
+    ratios = [1.1, 0.9, 1.5, 0.5, 1.0]
+    logp = torch.tensor([math.log(r) for r in ratios], dtype=F64, requires_grad=True)
+    adv = torch.tensor([1.0, -2.0, 1.0, 3.0, 1.0], dtype=F64)
+    loss, metrics = POLICY_LOSSES.get("rollout_is")(logp, torch.zeros(5, dtype=F64), adv, None, **CLIP)
+    assert_hand(loss, [-1.1 * math.log(1.1), 1.8 * math.log(0.9), 0.0, 0.0, 0.0])
+    assert metrics["pg_clipfrac"].tolist() == [0.0, 0.0, 1.0, 1.0, 0.0]
+    loss.sum().backward()
+    assert_hand(logp.grad, [-1.1, 1.8, 0.0, 0.0, -1.0])

@@ -1,7 +1,8 @@
-"""Other projects' configs through the launcher, 2 steps on the tiny job: SkyRL's quickstart as `key=value`
-arguments (the tiny job's sizes appended, as a SkyRL user passes extra arguments to the script), and NeMo RL's 1B
-megatron recipe as a `--config` file that inherits it with the model, data and prompt files pointed at the tiny
-job. One run per path: overrides in SkyRL's spelling, and a NeMo RL file with `defaults:` and `${...}`."""
+"""Other projects' configs through the launcher, 2 steps on the tiny job: SkyRL's quickstart and its fully-async
+example as `key=value` arguments (the tiny job's sizes appended, as a SkyRL user passes extra arguments to the
+script), and NeMo RL's 1B megatron recipe as a `--config` file that inherits it with the model, data and prompt files
+pointed at the tiny job. One run per path: overrides in SkyRL's spelling (the fully-async one with its own loss,
+`rollout_is`), and a NeMo RL file with `defaults:` and `${...}`."""
 
 from __future__ import annotations
 
@@ -96,3 +97,23 @@ def test_nemo_1b_megatron_trains(job, tmp_path):
     assert saved["trainer"]["bf16"] is True and saved["data"]["reward_fn"] == ["gsm8k_flexible"]
     assert (saved["data"]["prompt_template_file"], saved["data"]["system_prompt_file"]) == (
         str(tmp_path / "cot.txt"), str(tmp_path / "system.txt"))
+
+
+def test_skyrl_fully_async_trains(job, tmp_path):
+    """SkyRL's fully-async example: `rollout_is` (the ratio to the engine's logprobs), the geometric sequence mask,
+    staleness up to 4, on one training worker and an engine of its own."""
+    script = skyrl_args("fully_async", DATA_DIR=os.path.dirname(job.train_data), NUM_INFERENCE_GPUS="1",
+                        NUM_POLICY_GPUS="1", LOGGER="console", INFERENCE_BACKEND="hf", HOME=str(tmp_path))
+    # its weight sync is NCCL's broadcast, which needs GPUs: gloo's here (preflight says so for nccl on a CPU)
+    cpu = ["generator.inference_engine.weight_sync_backend=gloo"]
+    run_dir = str(tmp_path / "run")
+    result = run_train(run_dir, [*script, *cpu, *job.overrides(steps=2)])
+    _trained_two_steps(result, run_dir)
+    saved = _saved(run_dir)
+    _only_our_keys(saved)
+    assert saved["trainer"]["algorithm"]["policy_loss_type"] == "rollout_is"
+    assert saved["trainer"]["fully_async"] == {"enabled": True, "max_staleness_steps": 4}
+    rows = [row for row in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if row.get("step")]
+    # the trainer's old logprobs measured against the engine's, the example's geometric mask applied to them
+    assert all("rollout_logprob_abs_diff_max" in row and "geo_sequence_mask_masked_ratio" in row for row in rows)
+    assert [row["policy_lag"] for row in rows] == [0, 1]

@@ -48,6 +48,14 @@ def test_skyrl_script_loads_or_refuses_only_missing_features(name, caplog):
         assert set(refused) == set(script.refused), refused
         return
     cfg = _load(caplog, skyrl_args(name))
+    if name == "fully_async":  # GLM-5's loss on rollout logprobs, the geometric sequence mask, staleness 4
+        assert (cfg.trainer.algorithm.policy_loss_type, cfg.trainer.resume_mode) == ("rollout_is", "latest")
+        assert (cfg.trainer.fully_async.enabled, cfg.trainer.fully_async.max_staleness_steps) == (True, 4)
+        correction = cfg.trainer.algorithm.off_policy_correction
+        assert (correction.sequence_mask_metric, correction.geo_mask_low, correction.geo_mask_high) == (
+            "geometric", 0.99, 1.01)
+        assert cfg.generator.weight_sync_backend == "nccl"  # engines on GPUs of their own (colocate_all=false)
+        return
     assert cfg.trainer.resume_mode == "none"  # resume_mode=null
     assert cfg.generator.max_prompt_length == 512 and cfg.generator.max_generate_length == 1024
     assert cfg.generator.weight_sync_backend is None  # nccl with colocated engines: CUDA IPC in SkyRL
@@ -101,8 +109,8 @@ def test_skyrl_lora_example(caplog):
 
 
 def test_skyrl_missing_features_are_named():
-    refused = _refused(skyrl_args("fully_async"))
-    assert "rollout_is" in refused["trainer.algorithm.policy_loss_type"]
+    refused = _refused(["trainer.algorithm.policy_loss_type=dppo"])
+    assert "DPPO's divergence-masked loss" in refused["trainer.algorithm.policy_loss_type"]
     refused = _refused(["environment.env_class=text2sql"])
     assert "SkyRL-gym's text2sql environment, which is not built in" in refused["environment.env_class"]
 

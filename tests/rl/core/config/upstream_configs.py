@@ -244,7 +244,6 @@ SKYRL_SCRIPTS = {
             "trainer.ckpt_path=$HOME/ckpts/${RUN_NAME}",
             "generator.inference_engine.enforce_eager=$ENFORCE_EAGER",
         ],
-        refused=("trainer.algorithm.policy_loss_type",),
     ),
     "multi_turn": Script(
         "examples/train/turn_level_rewards/run_gsm8k_multi_turn.sh",
