@@ -131,3 +131,47 @@ def strategy_mismatch(path: str, strategy: str) -> str | None:
             f"carry across strategies. Convert its weights with `bazel run //rl/launch:convert -- "
             f"--direction=checkpoint_to_hf --input={path} --output=HF_DIR` and start a new run from them with "
             f"trainer.policy.model.path=HF_DIR, or resume with --strategy={written_by}")
+
+
+def prune(root: str, keep: int, scores: dict[int, float] | None = None, higher_is_better: bool = True,
+          log=print) -> list[str]:
+    """Removes complete checkpoints under `root` beyond `keep` (-1: none): the newest always stays, with the `keep`
+    best by `scores` (step -> value; a step without one ranks last, ties go to the newer) or, without scores, the
+    `keep` newest. Returns the removed paths."""
+    if keep == -1 or not os.path.isdir(root):
+        return []
+    steps = sorted(int(m.group(1)) for name in os.listdir(root)
+                   if (m := _STEP_DIR.match(name)) and is_complete(os.path.join(root, name)))
+    if scores is None:
+        ranked = sorted(steps, reverse=True)
+    else:
+        worst = -float("inf") if higher_is_better else float("inf")
+        sign = 1 if higher_is_better else -1
+        ranked = sorted(steps, key=lambda step: (sign * scores.get(step, worst), step), reverse=True)
+    kept = set(ranked[:keep]) | set(steps[-1:])
+    removed = []
+    for step in steps:
+        if step not in kept:
+            path = step_dir(root, step)
+            shutil.rmtree(path)
+            removed.append(path)
+    if removed:
+        log(f"checkpoints: removed {', '.join(os.path.basename(path) for path in removed)} "
+            f"(trainer.max_ckpts_to_keep={keep})")
+    return removed
+
+
+def apply_retention(trainer_cfg, root: str, metrics_path: str) -> list[str]:
+    """`prune` as `trainer.max_ckpts_to_keep` / `ckpt_keep_metric` / `ckpt_keep_higher_is_better` say, the scores
+    read from the run's metrics.jsonl (each checkpoint's step row is logged before it is written)."""
+    keep, metric = trainer_cfg.max_ckpts_to_keep, trainer_cfg.ckpt_keep_metric
+    if keep == -1:
+        return []
+    scores = None
+    if metric is not None:
+        from rl.trainer.metrics import read_metrics
+
+        rows = read_metrics(metrics_path) if os.path.exists(metrics_path) else []
+        scores = {row["step"]: float(row[metric]) for row in rows
+                  if isinstance(row.get(metric), int | float) and not isinstance(row.get(metric), bool)}
+    return prune(root, keep, scores, trainer_cfg.ckpt_keep_higher_is_better)

@@ -322,6 +322,7 @@ class Trainer:
         with write_faults.one_line(f"the checkpoint of step {step}", checkpoint.step_dir(self.ckpt_root, step), staging,
                                    "trainer.ckpt_path"):
             self._write_checkpoint(step, staging)
+        checkpoint.apply_retention(self.cfg.trainer, self.ckpt_root, self.metrics.path)
 
     def _write_checkpoint(self, step: int, staging: str) -> None:
         self.group.call("save_checkpoint", staging)

@@ -148,6 +148,7 @@ class SupervisedTrainer:
                      "model_path": os.path.abspath(self.model_path) if os.path.isdir(self.model_path)
                      else self.model_path}
             checkpoint.commit(self.ckpt_root, step, state)
+        checkpoint.apply_retention(self.cfg.trainer, self.ckpt_root, self.metrics.path)
 
     def resume(self) -> int:
         mode = self.cfg.trainer.resume_mode

@@ -80,6 +80,7 @@ RULES: tuple[Rule, ...] = (
     at_least("trainer.fully_async.max_staleness_steps", 0),
     optional(above("trainer.actor_call_timeout_s", 0)),
     *(interval(f"trainer.{name}") for name in ("ckpt_interval", "hf_save_interval", "eval_interval")),
+    special_or_at_least_one("trainer.max_ckpts_to_keep", -1, "keep every checkpoint"),
     *(at_least(_OPT + name, 0, "a number") for name in ("lr", "weight_decay", "max_grad_norm")),
     at_least(_OPT + "lr_warmup_steps", 0),
     at_least("trainer.policy.sequence_parallel_size", 1),
@@ -158,6 +159,7 @@ NON_EMPTY_STRINGS = (
     "trainer.project_name",
     "data.prompt_key",
     "data.answer_key",
+    "trainer.ckpt_keep_metric",
 )
 
 
@@ -198,6 +200,9 @@ def check_strings(cfg: Config, problems: Problems) -> None:
             problems.add(key, "is empty; set it to a non-empty string")
     if cfg.trainer.run_name is not None and not cfg.trainer.run_name.strip():
         problems.add("trainer.run_name", "is empty; set a name or null (derived from the time)")
+    if cfg.trainer.ckpt_keep_metric is not None and cfg.trainer.max_ckpts_to_keep == -1:
+        problems.add("trainer.ckpt_keep_metric", "ranks checkpoints for trainer.max_ckpts_to_keep, which keeps every "
+                     "checkpoint (-1); set max_ckpts_to_keep to the number to keep, or remove it")
 
 
 def check_lists(cfg: Config, problems: Problems) -> None:

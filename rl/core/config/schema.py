@@ -369,6 +369,18 @@ class TrainerConfig:
     ckpt_interval: int
     """Save a resumable checkpoint every this many steps; 0 never saves."""
 
+    max_ckpts_to_keep: int
+    """SkyRL's key: -1 keeps every checkpoint; N >= 1 keeps N of them, the newest N, or with `ckpt_keep_metric` the
+    N best (NeMo RL's `keep_top_k`), and always the newest (what `resume_mode=latest` takes). The others are
+    removed after each checkpoint is committed."""
+
+    ckpt_keep_metric: str | None
+    """The metrics.jsonl key (e.g. `val_accuracy`, `reward_mean`) that ranks checkpoints for `max_ckpts_to_keep`,
+    read at each checkpoint's step; a checkpoint whose step did not log it ranks last. Null ranks by recency."""
+
+    ckpt_keep_higher_is_better: bool
+    """Whether a higher `ckpt_keep_metric` is better."""
+
     hf_save_interval: int
     """Export Hugging Face weights every this many steps; 0 never exports."""
 

@@ -80,3 +80,40 @@ def test_an_explicit_damaged_checkpoint_is_refused_before_anything_starts(tmp_pa
     with pytest.raises(ConfigError, match=r"trainer.resume_mode: .*global_step_2 is damaged: policy/shard_0.pt does "
                                           r"not match its checksum"):
         preflight(load_config([f"trainer.resume_mode={path}"]))
+
+
+def _steps(root: str) -> list[int]:
+    return sorted(int(name.rsplit("_", 1)[1]) for name in os.listdir(root) if checkpoint.is_complete(
+        os.path.join(root, name)))
+
+
+def test_retention_keeps_the_newest_and_the_best(tmp_path):
+    """max_ckpts_to_keep=2: by recency the two newest; by a metric the two best (a step that did not log it ranks
+    last, ties go to the newer) and the newest whatever its score; -1 keeps all; a partial one is never touched."""
+    root = str(tmp_path / "ckpt")
+    for step in (1, 2, 3, 4, 5):
+        _save(root, step)
+    os.makedirs(checkpoint.step_dir(root, 6) + ".partial")
+    assert checkpoint.prune(root, -1) == []
+    removed = checkpoint.prune(root, 4, log=lambda _: None)
+    assert removed == [checkpoint.step_dir(root, 1)] and _steps(root) == [2, 3, 4, 5]
+    said = []
+    # val_accuracy logged at steps 2, 3, 4 (not 5): 3 and 2 tie at 0.9, 2 loses the tie to the newer
+    checkpoint.prune(root, 1, {2: 0.9, 3: 0.9, 4: 0.5}, log=said.append)
+    assert _steps(root) == [3, 5] and os.path.isdir(checkpoint.step_dir(root, 6) + ".partial")
+    assert said == ["checkpoints: removed global_step_2, global_step_4 (trainer.max_ckpts_to_keep=1)"]
+    checkpoint.prune(root, 1, {3: 0.2, 5: 0.1}, higher_is_better=False, log=lambda _: None)
+    assert _steps(root) == [5]
+
+
+def test_retention_reads_the_metric_from_metrics_jsonl(tmp_path):
+    from types import SimpleNamespace
+
+    root, metrics = str(tmp_path / "ckpt"), str(tmp_path / "metrics.jsonl")
+    for step in (1, 2, 3):
+        _save(root, step)
+    with open(metrics, "w") as f:
+        f.writelines(f'{{"step": {step}, "val_accuracy": {value}}}\n' for step, value in ((1, 0.7), (2, 0.3), (3, 0.1)))
+    trainer = SimpleNamespace(max_ckpts_to_keep=1, ckpt_keep_metric="val_accuracy", ckpt_keep_higher_is_better=True)
+    checkpoint.apply_retention(trainer, root, metrics)
+    assert _steps(root) == [1, 3]  # the best, and the newest (what resume_mode=latest takes)

@@ -312,12 +312,16 @@ def _untrained(model_path: str):
 
 
 def test_zero1_and_the_multi_turn_context_limit(job, tmp_path):
-    """DeepSpeed ZeRO-1 on 2 workers; `arith_retry` episodes of up to 2 turns within max_input_length tokens."""
+    """DeepSpeed ZeRO-1 on 2 workers; `arith_retry` episodes of up to 2 turns within max_input_length tokens; a
+    checkpoint every step, one kept (SkyRL's max_ckpts_to_keep)."""
     limit = 40
     options = ["trainer.strategy=deepspeed", "deepspeed_config.train.zero_optimization.stage=1",
-               "environment.env_class=arith_retry", "generator.max_turns=2", f"generator.max_input_length={limit}"]
+               "environment.env_class=arith_retry", "generator.max_turns=2", f"generator.max_input_length={limit}",
+               "trainer.ckpt_interval=1", "trainer.max_ckpts_to_keep=1"]
     run_dir = str(tmp_path / "run")
-    rows, _ = _train(job, run_dir, options)
+    rows, stdout = _train(job, run_dir, options)
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == [f"global_step_{STEPS}"]
+    assert f"checkpoints: removed global_step_{STEPS - 1} (trainer.max_ckpts_to_keep=1)" in stdout
     for row in rows:
         # 16 episodes (prompt + all turns) of at most `limit` tokens each; some end at the limit
         tokens = row["tokens_per_s"] * row["step_time_s"]

@@ -9,7 +9,6 @@ from rl.core.config.dialects.apply import take_all
 from rl.core.config.dialects.layer import MISSING, Layer
 from rl.core.config.dialects.nemo import DTENSOR, GEN, MC, VLLM, P
 from rl.core.config.dialects.nemo_rules import NEMO, emit, inert, nemo_or_ours, number
-from rl.core.config.dialects.skyrl_rules import retention_check
 
 LORA = "trainer.policy.model.lora."
 
@@ -141,6 +140,15 @@ def colocation(layer: Layer) -> None:
         layer.inert(block + ".num_nodes", "counted in generator.num_inference_engines")
 
 
+def metric_key(name: str) -> str | None:
+    """NeMo RL's checkpoint metric (`val:accuracy`, `train:loss`) as a metrics.jsonl key here (validation metrics
+    carry a `val_` prefix, training ones none); None when it is neither kind."""
+    kind, _, metric = name.partition(":")
+    if not metric or kind not in ("val", "train"):
+        return None
+    return f"val_{metric}" if kind == "val" else metric
+
+
 def checkpointing(layer: Layer) -> None:
     enabled, keep = layer.take("checkpointing.enabled"), layer.take("checkpointing.keep_top_k")
     consolidated = layer.take("checkpointing.save_consolidated")
@@ -155,13 +163,22 @@ def checkpointing(layer: Layer) -> None:
         return
     if enabled is True:
         layer.inert("checkpointing.enabled", "checkpoints every checkpointing.save_period steps")
+    metric, higher = layer.take("checkpointing.metric_name"), layer.take("checkpointing.higher_is_better")
     if number(keep):
-        layer.later("checkpointing.keep_top_k", retention_check("checkpointing.keep_top_k", int(keep)))
-        layer.inert(
-            "checkpointing.keep_top_k", "no pruning needed: the run writes at most that many checkpoints (checked)"
-        )
-    elif keep is not MISSING:
-        layer.inert("checkpointing.keep_top_k", "keep every checkpoint, as here")
+        emit(layer, "checkpointing.keep_top_k", "trainer.max_ckpts_to_keep", int(keep))
+        if isinstance(metric, str):
+            ours = metric_key(metric)
+            if ours is None:
+                layer.refuse("checkpointing.metric_name", f"got {metric!r}; NeMo RL names a metric 'val:<name>' or "
+                             "'train:<name>' (e.g. val:accuracy), or null for the newest checkpoints")
+            else:
+                emit(layer, "checkpointing.metric_name", "trainer.ckpt_keep_metric", ours,
+                     note=f"ranked by metrics.jsonl's {ours} at each checkpoint's step")
+        if isinstance(higher, bool):
+            emit(layer, "checkpointing.higher_is_better", "trainer.ckpt_keep_higher_is_better", higher)
+    else:
+        inert(layer, {"checkpointing.keep_top_k": keep, "checkpointing.metric_name": metric,
+                      "checkpointing.higher_is_better": higher}, "keep every checkpoint, as here")
     if consolidated is True:
         period = nemo_or_ours(layer, "checkpointing.save_period", "trainer.ckpt_interval")
         emit(layer, "checkpointing.save_consolidated", "trainer.hf_save_interval", period)

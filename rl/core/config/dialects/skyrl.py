@@ -315,9 +315,6 @@ def table() -> Mapping[str, Entry]:
         ),
         f"{T}fused_lm_head_logprob_backend": ignored("used only with fused_lm_head_logprob"),
         f"{T}resume_path": ByRule("with resume_mode=from_path: trainer.resume_mode=<the path>"),
-        f"{T}max_ckpts_to_keep": ByRule(
-            "-1 (keep every checkpoint, as here); N is accepted when the run writes at most N checkpoints"
-        ),
         f"{T}rope_scaling": feature_off("RoPE scaling overrides", "remove it"),
         f"{T}rope_theta": feature_off("RoPE overrides", "remove it"),
         f"{T}mtp.enabled": feature_off("multi-token prediction heads", "remove it"),

@@ -282,35 +282,6 @@ def expert_tensor_parallel(layer: Layer, key: str = f"{MEGATRON}.expert_tensor_p
     layer.inert(key, "the expert tensor-parallel size is the tensor-parallel size here (checked)")
 
 
-def retention_check(key: str, keep: int):
-    """A check that the run writes at most `keep` checkpoints, so that keeping only the last `keep` (or the best
-    `keep`) changes nothing: this project keeps every checkpoint it writes."""
-
-    def check(cfg) -> str | None:
-        interval, steps = cfg.trainer.ckpt_interval, cfg.trainer.max_steps
-        if interval == 0 or (steps is not None and steps // interval <= keep):
-            return None
-        written = "an unbounded number of" if steps is None else f"{steps // interval}"
-        return (
-            f"is {keep}, but this run writes {written} checkpoints and every checkpoint is kept here (no "
-            "pruning); remove it, or raise it to the number of checkpoints the run writes"
-        )
-
-    return check
-
-
-def checkpoints(layer: Layer) -> None:
-    key = T + "max_ckpts_to_keep"
-    keep = layer.take(key)
-    if keep is MISSING:
-        return
-    if not _int(keep) or keep < 0 or keep == 0:
-        layer.inert(key, "keep every checkpoint, as here")
-        return
-    layer.later(key, retention_check(key, keep))
-    layer.inert(key, "no pruning needed: the run writes at most that many checkpoints (checked)")
-
-
 def truncated_importance_sampling(layer: Layer) -> None:
     """SkyRL's deprecated `use_tis` + `tis_imp_ratio_cap`: token-level TIS capped at the ratio cap."""
     use, cap = layer.take(T + "algorithm.use_tis"), layer.take(T + "algorithm.tis_imp_ratio_cap")
@@ -375,7 +346,6 @@ RULES = (
     weight_sync,
     must_match,
     expert_tensor_parallel,
-    checkpoints,
     truncated_importance_sampling,
     cispo,
 )

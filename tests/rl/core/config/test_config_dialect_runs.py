@@ -15,7 +15,7 @@ import yaml
 import rl.backends.registry  # noqa: F401  (the strategies' blocks are keys of ours)
 from rl.core.config.keys import all_keys
 from rl.trainer.metrics import read_metrics
-from tests.rl.core.config.upstream_configs import NEMO_1B_MEGATRON, skyrl_args
+from tests.rl.core.config.upstream_configs import NEMO_1B, NEMO_1B_MEGATRON, skyrl_args
 from tests.testing.tiny_job import make_tiny_job, run_train
 
 
@@ -65,7 +65,35 @@ def test_skyrl_quickstart_trains(job, tmp_path):
     assert saved["generator"]["weight_sync_backend"] is None and saved["generator"]["max_prompt_length"] == 512
 
 
-def test_nemo_1b_megatron_trains(job, tmp_path):
+# Each script's own variables sized to this machine, as a user with fewer GPUs sets them, and the HF engine
+SKYRL_ON_THIS_MACHINE = {
+    "megatron": {"NUM_GPUS": "2", "MEGATRON_TP": "2", "MEGATRON_PP": "1"},
+    "lora": {"NUM_GPUS": "1"},
+    "multi_turn": {"NUM_GPUS": "1"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SKYRL_ON_THIS_MACHINE))
+def test_skyrl_examples_train(job, tmp_path, name):
+    script = skyrl_args(name, DATA_DIR=os.path.dirname(job.train_data), LOGGER="console", INFERENCE_BACKEND="hf",
+                        HOME=str(tmp_path), **SKYRL_ON_THIS_MACHINE[name])
+    run_dir = str(tmp_path / "run")
+    result = run_train(run_dir, [*script, *job.overrides(steps=2)])
+    _trained_two_steps(result, run_dir)
+    saved = _saved(run_dir)
+    _only_our_keys(saved)
+    trainer = saved["trainer"]
+    if name == "megatron":
+        assert trainer["strategy"] == "megatron"
+        assert trainer["policy"]["megatron_config"]["tensor_model_parallel_size"] == 2
+    elif name == "lora":
+        assert (trainer["strategy"], trainer["policy"]["model"]["lora"]["rank"]) == ("fsdp", 32)
+    else:
+        assert saved["environment"]["env_class"] == "gsm8k_multi_turn"
+
+
+@pytest.mark.parametrize("recipe", [NEMO_1B, NEMO_1B_MEGATRON], ids=["dtensor", "megatron"])
+def test_nemo_1b_trains(job, tmp_path, recipe):
     # NeMo RL's prompt files, written here: the template's two words are outside the embedded vocabulary, so the
     # trainer's unknown-token warning shows the prompts it encodes were built with it (the task's own are not).
     (tmp_path / "cot.txt").write_text("Please solve:\n{}", encoding="utf-8")
@@ -73,7 +101,7 @@ def test_nemo_1b_megatron_trains(job, tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text(
         textwrap.dedent(f"""\
-        defaults: {NEMO_1B_MEGATRON}
+        defaults: {recipe}
         policy:
           model_name: {job.model_path}
           generation: {{backend: hf}}
@@ -92,9 +120,11 @@ def test_nemo_1b_megatron_trains(job, tmp_path):
     assert "are the tokenizer's unknown token" in output  # "Please solve" of the template
     saved = _saved(run_dir)
     _only_our_keys(saved)
-    assert saved["trainer"]["strategy"] == "megatron"
-    assert saved["trainer"]["policy"]["optimizer_config"]["lr_warmup_steps"] == 13
-    assert saved["trainer"]["bf16"] is True and saved["data"]["reward_fn"] == ["gsm8k_flexible"]
+    assert saved["trainer"]["strategy"] == ("megatron" if recipe == NEMO_1B_MEGATRON else "fsdp2")
+    assert saved["data"]["reward_fn"] == ["gsm8k_flexible"]
+    if recipe == NEMO_1B_MEGATRON:
+        assert saved["trainer"]["policy"]["optimizer_config"]["lr_warmup_steps"] == 13
+        assert saved["trainer"]["bf16"] is True
     assert (saved["data"]["prompt_template_file"], saved["data"]["system_prompt_file"]) == (
         str(tmp_path / "cot.txt"), str(tmp_path / "system.txt"))
 

@@ -161,10 +161,13 @@ def test_skyrl_value_spellings(tmp_path, caplog):
     assert cfg.trainer.max_tokens_per_micro_batch is None and cfg.trainer.use_sample_packing is False
 
 
-def test_skyrl_checkpoint_retention_only_where_nothing_would_be_pruned(caplog):
-    _load(caplog, ["trainer.max_ckpts_to_keep=3", "trainer.max_steps=30", "trainer.ckpt_interval=10"])
-    refused = _refused(["trainer.max_ckpts_to_keep=3", "trainer.max_steps=40", "trainer.ckpt_interval=10"])
-    assert "every checkpoint is kept here (no pruning)" in refused["trainer.max_ckpts_to_keep"]
+def test_checkpoint_retention_keys(caplog):
+    """SkyRL's `max_ckpts_to_keep` is ours; NeMo RL's keep_top_k / metric_name / higher_is_better map onto it."""
+    assert _load(caplog, ["trainer.max_ckpts_to_keep=3"]).trainer.max_ckpts_to_keep == 3
+    refused = _refused(["trainer.max_ckpts_to_keep=0"])
+    assert "-1 (keep every checkpoint) or an integer >= 1" in refused["trainer.max_ckpts_to_keep"]
+    refused = _refused(["trainer.ckpt_keep_metric=val_accuracy"])
+    assert "keeps every checkpoint (-1)" in refused["trainer.ckpt_keep_metric"]
 
 
 def test_skyrl_deprecated_tis_and_cispo_offsets(caplog):
@@ -220,14 +223,12 @@ def test_nemo_1b_as_written_refuses_only_missing_features():
         "data.train.dataset_name",
         "data.train.split_validation_size",
         "data.prompt_template_file",  # data.default.prompt_file, NeMo RL's examples/prompts/cot.txt: not here
-        "checkpointing.keep_top_k",
     }, refused
     assert "downloads by name" in refused["data.train.dataset_name"]
     assert refused["data.prompt_template_file"].startswith(
         f"data.prompt_template_file: examples/prompts/cot.txt (read as {os.getcwd()}/examples/prompts/cot.txt) does "
         "not exist; "
     )
-    assert "no pruning" in refused["checkpointing.keep_top_k"]
 
 
 def test_nemo_1b_meanings(tmp_path, caplog):
@@ -242,6 +243,9 @@ def test_nemo_1b_meanings(tmp_path, caplog):
     assert (trainer.micro_train_batch_size_per_gpu, trainer.micro_forward_batch_size_per_gpu) == (4, 4)
     assert (trainer.max_steps, trainer.eval_interval, trainer.eval_before_train) == (20, 10, False)
     assert (trainer.ckpt_interval, trainer.ckpt_path) == (10, "results/grpo")
+    # keep_top_k 3 by val:accuracy, higher is better
+    assert (trainer.max_ckpts_to_keep, trainer.ckpt_keep_metric, trainer.ckpt_keep_higher_is_better) == (
+        3, "val_accuracy", True)
     optimizer = trainer.policy.optimizer_config
     assert (optimizer.lr, optimizer.weight_decay, optimizer.betas, optimizer.lr_warmup_steps) == (
         5e-6,
