@@ -161,9 +161,10 @@ def prune(root: str, keep: int, scores: dict[int, float] | None = None, higher_i
     return removed
 
 
-def apply_retention(trainer_cfg, root: str, metrics_path: str) -> list[str]:
+def apply_retention(trainer_cfg, root: str, metrics_path: str, log=print) -> list[str]:
     """`prune` as `trainer.max_ckpts_to_keep` / `ckpt_keep_metric` / `ckpt_keep_higher_is_better` say, the scores
-    read from the run's metrics.jsonl (each checkpoint's step row is logged before it is written)."""
+    read from the run's metrics.jsonl (each checkpoint's step row is logged before it is written); said once per
+    checkpoint while no row holds the metric yet (a name no step logs would rank by recency alone)."""
     keep, metric = trainer_cfg.max_ckpts_to_keep, trainer_cfg.ckpt_keep_metric
     if keep == -1:
         return []
@@ -174,4 +175,7 @@ def apply_retention(trainer_cfg, root: str, metrics_path: str) -> list[str]:
         rows = read_metrics(metrics_path) if os.path.exists(metrics_path) else []
         scores = {row["step"]: float(row[metric]) for row in rows
                   if isinstance(row.get(metric), int | float) and not isinstance(row.get(metric), bool)}
-    return prune(root, keep, scores, trainer_cfg.ckpt_keep_higher_is_better)
+        if not scores:
+            log(f"checkpoints: no metrics row holds trainer.ckpt_keep_metric={metric!r} yet, so every checkpoint "
+                "ranks the same: the newest are kept")
+    return prune(root, keep, scores, trainer_cfg.ckpt_keep_higher_is_better, log)

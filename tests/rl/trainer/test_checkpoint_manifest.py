@@ -115,5 +115,11 @@ def test_retention_reads_the_metric_from_metrics_jsonl(tmp_path):
     with open(metrics, "w") as f:
         f.writelines(f'{{"step": {step}, "val_accuracy": {value}}}\n' for step, value in ((1, 0.7), (2, 0.3), (3, 0.1)))
     trainer = SimpleNamespace(max_ckpts_to_keep=1, ckpt_keep_metric="val_accuracy", ckpt_keep_higher_is_better=True)
-    checkpoint.apply_retention(trainer, root, metrics)
+    said = []
+    checkpoint.apply_retention(trainer, root, metrics, log=said.append)
     assert _steps(root) == [1, 3]  # the best, and the newest (what resume_mode=latest takes)
+    assert said == ["checkpoints: removed global_step_2 (trainer.max_ckpts_to_keep=1)"]
+    _save(root, 4)
+    misspelt = SimpleNamespace(**{**vars(trainer), "ckpt_keep_metric": "val_acuracy"})
+    checkpoint.apply_retention(misspelt, root, metrics, log=said.append)
+    assert _steps(root) == [4] and "no metrics row holds trainer.ckpt_keep_metric='val_acuracy' yet" in said[1]
