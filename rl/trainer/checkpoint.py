@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -144,10 +145,10 @@ def prune(root: str, keep: int, scores: dict[int, float] | None = None, higher_i
                    if (m := _STEP_DIR.match(name)) and is_complete(os.path.join(root, name)))
     if scores is None:
         ranked = sorted(steps, reverse=True)
-    else:
-        worst = -float("inf") if higher_is_better else float("inf")
+    else:  # best first: by score (a step without one last), then the newer
         sign = 1 if higher_is_better else -1
-        ranked = sorted(steps, key=lambda step: (sign * scores.get(step, worst), step), reverse=True)
+        ranked = sorted(steps, key=lambda step: (sign * scores[step] if step in scores else -math.inf, step),
+                        reverse=True)
     kept = set(ranked[:keep]) | set(steps[-1:])
     removed = []
     for step in steps:

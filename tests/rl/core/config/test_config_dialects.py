@@ -14,14 +14,8 @@ import yaml
 import rl.backends.registry  # noqa: F401  (registers the training strategies the config names)
 from rl.core.config import ConfigError, config_to_dict, load_config, save_config
 from rl.core.config.keys import all_keys
-from tests.rl.core.config.upstream_configs import (
-    NEMO_1B,
-    NEMO_1B_MEGATRON,
-    SEED_KEYS,
-    SKYRL_DEFAULTS,
-    SKYRL_SCRIPTS,
-    skyrl_args,
-)
+from tests.rl.core.config.skyrl_scripts import SKYRL_SCRIPTS, skyrl_args
+from tests.rl.core.config.upstream_configs import NEMO_1B, NEMO_1B_MEGATRON, SEED_KEYS, SKYRL_DEFAULTS
 
 
 def _load(caplog, overrides=(), config_file=None):
