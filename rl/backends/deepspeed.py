@@ -16,7 +16,7 @@ from torch import Tensor
 
 from rl.backends.base import TrainingBackend, weights_finite
 from rl.backends.deepspeed_config import merged_section
-from rl.backends.lora import add_lora, is_adapter, with_base, write_adapter_config
+from rl.backends.lora import add_lora, trains_with_adapters, with_base, write_adapter_config
 from rl.backends.precision import bf16_compute
 from rl.backends.weight_sync import Bucket, bucketed, rank0_buckets
 
@@ -39,7 +39,7 @@ class DeepSpeedBackend(TrainingBackend):
         spec, bf16 = self.spec, bf16_compute(self.spec.bf16, self.dist.device)
         model = self.load_model()
         if spec.lora:
-            add_lora(model, spec.lora, spec.path)
+            add_lora(model, spec.lora, spec.path, critic=self.is_critic)
         if spec.gradient_checkpointing and self.trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         section = "train" if self.trainable else "eval"
@@ -51,10 +51,11 @@ class DeepSpeedBackend(TrainingBackend):
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=self.optimizer, lr_scheduler=self.scheduler,
                                                config=self.config, dist_init_required=False)
         self.model = self.engine.module
-        if spec.lora:  # checkpoints keep the adapters only: a tied LM head is listed apart from its frozen parameter
-            module_state = self.engine.module_state_dict
+        if spec.lora:  # checkpoints keep what trains only: a tied LM head is listed apart from its frozen parameter
+            module_state, critic = self.engine.module_state_dict, self.is_critic
             self.engine.module_state_dict = lambda *args, **kwargs: {
-                name: value for name, value in module_state(*args, **kwargs).items() if is_adapter(name)}
+                name: value for name, value in module_state(*args, **kwargs).items()
+                if trains_with_adapters(name, critic)}
 
     @property
     def zero_stage(self) -> int:

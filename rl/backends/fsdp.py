@@ -39,7 +39,7 @@ class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
         model = self.load_model(sequence_parallel=spec.sequence_parallel_size > 1)
         self.use_sequence_parallel(model)
         if spec.lora:
-            add_lora(model, spec.lora, spec.path)
+            add_lora(model, spec.lora, spec.path, critic=self.is_critic)
         if spec.gradient_checkpointing and self.trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         layer_types = {type(layer) for layer in decoder_layers(model)}

@@ -44,20 +44,32 @@ def linear_names(model: nn.Module) -> set[str]:
             if isinstance(module, nn.Linear) and module is not head}
 
 
-def add_lora(model: nn.Module, options: dict, model_path: str) -> None:
-    """Adapters on `model` in place; only they require grad afterwards. A target name the model lacks is refused."""
+def add_lora(model: nn.Module, options: dict, model_path: str, critic: bool = False) -> None:
+    """Adapters on `model` in place; only they (and a critic's value head) require grad afterwards. A target name
+    the model lacks is refused."""
     targets = options["target_modules"]
     if targets != [ALL_LINEAR]:
         missing = sorted(set(targets) - linear_names(model))
         if missing:
-            raise ValueError(f"trainer.policy.model.lora.target_modules: {type(model).__name__} has no linear layer "
+            raise ValueError(f"trainer.{'critic' if critic else 'policy'}.model.lora.target_modules: "
+                             f"{type(model).__name__} has no linear layer "
                              f"named {', '.join(missing)}; its linear layers: {', '.join(sorted(linear_names(model)))}"
                              f" (or [{ALL_LINEAR}])")
     model.add_adapter(peft_config(options, model_path), adapter_name=ADAPTER)
+    if critic:
+        model.get_output_embeddings().requires_grad_(True)
 
 
 def is_adapter(name: str) -> bool:
     return name.endswith((_A, _B))
+
+
+def trains_with_adapters(name: str, critic: bool) -> bool:
+    """Whether a LoRA model trains the parameter `name`: its adapters, and a critic's value head (a new layer,
+    trained whole as PEFT's `modules_to_save` would)."""
+    from rl.backends.value_head import OWN_HEAD
+
+    return is_adapter(name) or (critic and name.startswith(OWN_HEAD + "."))
 
 
 def scaling(options: dict) -> float:
@@ -132,15 +144,18 @@ def merge_into(base: dict[str, Tensor], adapters: dict[str, Tensor], scale: floa
 
 
 def with_base(path: str, model_path: str, weights: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A checkpoint's weights as a whole model: a LoRA checkpoint (it holds adapters) merged into the base the run
-    started from; any other as it is."""
+    """A checkpoint's weights as a whole model: a LoRA checkpoint (it holds adapters, and a critic's its value
+    head) merged into the base the run started from; any other as it is."""
     scale = read_scaling(path)
     if scale is None:
         return weights
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(os.path.expanduser(model_path), dtype=torch.float32)
-    return merge_into(base.state_dict(), {name: value for name, value in weights.items() if is_adapter(name)}, scale)
+    merged = merge_into(base.state_dict(), {name: value for name, value in weights.items() if is_adapter(name)},
+                        scale)
+    merged.update({name: value for name, value in weights.items() if not is_adapter(name)})  # a value head
+    return merged
 
 
 def save_adapter(directory: str, adapters: dict[str, Tensor], options: dict, model_path: str) -> None:

@@ -46,8 +46,8 @@ class TrainingWorker:
 
     def setup(self, master_addr: str, master_port: int, backend: str, policy: ModelSpec | None,
               ref: ModelSpec | None, critic: ModelSpec | None = None) -> None:
-        """Builds the policy and/or the reference model (a group of its own may hold only the reference), and the
-        critic beside the policy."""
+        """Builds the models this rank holds: the policy with the reference and the critic beside it, or a group of
+        their own's reference or critic alone."""
         torch.manual_seed(self.seed)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         dist_info = init_distributed(self.rank, self.world_size, master_addr, master_port)
@@ -56,7 +56,7 @@ class TrainingWorker:
         self.critic = build_backend(backend, critic, dist_info) if critic is not None else None
 
     def data_parallel_rank(self) -> DataParallelRank:
-        return (self.policy or self.ref).data_parallel_rank()
+        return (self.policy or self.ref or self.critic).data_parallel_rank()
 
     def logprobs(self, micro_batches: list[PackedBatch], model: str = "policy", with_entropy: bool = False
                  ) -> list[torch.Tensor] | None:
@@ -82,7 +82,8 @@ class TrainingWorker:
 
     def _trained(self) -> list[tuple[str, object]]:
         """(sub-folder of a checkpoint, backend) of every model this worker trains."""
-        return [("", self.policy)] + ([(CRITIC_DIR, self.critic)] if self.critic is not None else [])
+        return [(folder, backend) for folder, backend in (("", self.policy), (CRITIC_DIR, self.critic))
+                if backend is not None]
 
     def save_checkpoint(self, path: str) -> None:
         for folder, backend in self._trained():

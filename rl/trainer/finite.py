@@ -56,8 +56,8 @@ def check_update(step: int, row: dict[str, float], mode: str) -> None:
                          f"was not applied and no checkpoint holds it ({SKIP_HINT})")
 
 
-def non_finite_weights_line(step: int, ranks: Sequence[int]) -> str:
+def non_finite_weights_line(step: int, workers: Sequence[str]) -> str:
     """What ends a run whose weights turned non-finite before the checkpoint of `step` (its directory stays
-    `.partial`, never marked COMPLETE)."""
-    return (f"the weights on rank(s) {', '.join(map(str, ranks))} are not finite, so the checkpoint of step {step} "
-            "was not committed")
+    `.partial`, never marked COMPLETE); `workers` names each worker at fault."""
+    return (f"the weights on {', '.join(workers)} are not finite, so the checkpoint of step {step} was not "
+            "committed")

@@ -44,7 +44,8 @@ class Trainer:
 
         self.cfg, self.run_dir = cfg, run_dir
         clock = clock or StartupClock()
-        self.placement, self.group, self.ref_group = started or start_workers(cfg)
+        started = started or start_workers(cfg)
+        self.placement, self.group, self.ref_group, self.critic_group = started
         sources = resolve_sources(cfg, run_dir)
         self.model_path = sources.model_path
         clock.mark("sources")
@@ -66,14 +67,11 @@ class Trainer:
         self.engine = components.make_engine(cfg, self.model_path, self.tokenizer, self.placement)
         print(f"generation: {cfg.generator.backend} engine on {self.engine.device}", flush=True)
         clock.mark("engine")
-        setup_worker_groups(cfg, self.model_path, self.group, self.ref_group, cfg.trainer.critic.model.path,
-                            sources.ref_path)
-        print("training workers: " + ", ".join(f"rank {r}: {p}" for r, p in enumerate(self.group.places)), flush=True)
-        if self.ref_group is not None:
-            print("reference workers: " + ", ".join(f"rank {r}: {p}" for r, p in enumerate(self.ref_group.places)),
-                  flush=True)
-        for group in (self.group, self.ref_group):
+        setup_worker_groups(cfg, self.model_path, started, cfg.trainer.critic.model.path, sources.ref_path)
+        for what, group in (("training", self.group), ("reference", self.ref_group), ("critic", self.critic_group)):
             if group is not None:
+                print(f"{what} workers: " + ", ".join(f"rank {r}: {p}" for r, p in enumerate(group.places)),
+                      flush=True)
                 group.timeout_s = cfg.trainer.actor_call_timeout_s
         if isinstance(self.engine, RemoteEngines):
             self.engine.timeout_s = cfg.trainer.actor_call_timeout_s
@@ -83,6 +81,11 @@ class Trainer:
         self.train_batching = micro_batching(cfg, self.group.dp_size, pad, train=True)
         self.ref_pass = ((self.ref_group, micro_batching(cfg, self.ref_group.dp_size, pad, train=False))
                          if self.ref_group is not None else None)
+        # the critic's workers (the policy's, or a group of its own) and how its batches are split for them
+        critic_workers = self.critic_group or self.group
+        self.critic_pass = ((critic_workers, micro_batching(cfg, critic_workers.dp_size, pad, train=False))
+                            if self.value_settings is not None else None)
+        self.critic_train_batching = micro_batching(cfg, critic_workers.dp_size, pad, train=True)
         # the KL in the reward needs the policy's logprobs before the update: the old-logprob pass always runs
         self.on_policy = self.kl_in_reward is None and skips_old_logprob_pass(
             cfg, is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size,
@@ -100,7 +103,7 @@ class Trainer:
 
     def actors(self) -> list[tuple[object, str]]:
         """(Ray actor handle, which worker or engine it is) of every actor built so far."""
-        groups = [getattr(self, "group", None), getattr(self, "ref_group", None)]
+        groups = [getattr(self, name, None) for name in ("group", "ref_group", "critic_group")]
         engine = getattr(self, "engine", None)
         found = [named for group in groups if group is not None for named in group.named_actors()]
         return found + (engine.named_actors() if isinstance(engine, RemoteEngines) else [])
@@ -233,7 +236,7 @@ class Trainer:
                                       overlong_filtering=cfg.generator.apply_overlong_filtering)
         scored = time.perf_counter()
         compute_logprobs(self.group, self.forward_batching, experience, has_ref=needs_reference(cfg),
-                         ref=self.ref_pass, on_policy=self.on_policy, has_critic=self.value_settings is not None)
+                         ref=self.ref_pass, on_policy=self.on_policy, critic=self.critic_pass)
         forwarded = time.perf_counter()
         token_rewards, row = (self.kl_in_reward.token_rewards(experience) if self.kl_in_reward is not None
                               else (None, {}))
@@ -267,8 +270,8 @@ class Trainer:
         epochs, n = trainer.update_epochs_per_batch, self.cfg.generator.n_samples_per_prompt
         if self.value_settings is not None:
             mini = (trainer.critic_mini_batch_size or trainer.policy_mini_batch_size) * n
-            critic = update_policy(self.group, self.train_batching, self.value_settings, experience, mini, epochs,
-                                   model="critic")
+            critic = update_policy(self.critic_pass[0], self.critic_train_batching, self.value_settings, experience,
+                                   mini, epochs, model="critic")
             row.update({name if name.startswith(("vf_", "values_")) else f"critic_{name}": value
                         for name, value in critic.items() if name != "loss"})  # the loss is vf_loss
             finite.check_update(step, critic, trainer.non_finite)
@@ -324,11 +327,16 @@ class Trainer:
             self._write_checkpoint(step, staging)
         checkpoint.apply_retention(self.cfg.trainer, self.ckpt_root, self.metrics.path)
 
+    def trained_groups(self) -> list:
+        """The groups holding trained models: the policy's, and a critic group of its own."""
+        return [group for group in (self.group, self.critic_group) if group is not None]
+
     def _write_checkpoint(self, step: int, staging: str) -> None:
-        self.group.call("save_checkpoint", staging)
-        unfinite = [rank for rank, ok in enumerate(self.group.call("weights_finite")) if not ok]
-        if unfinite:  # never marked COMPLETE: resume cannot pick it
-            raise finite.NonFiniteError(finite.non_finite_weights_line(step, unfinite))
+        for group in self.trained_groups():  # a critic group of its own writes its part (critic/) alone
+            group.call("save_checkpoint", staging)
+            unfinite = [label for label, ok in zip(group.labels, group.call("weights_finite"), strict=True) if not ok]
+            if unfinite:  # never marked COMPLETE: resume cannot pick it
+                raise finite.NonFiniteError(finite.non_finite_weights_line(step, unfinite))
         crash_point("checkpoint_written", step)
         state = {"step": step, "epoch": self.position.epoch, "index": self.position.index,
                  "strategy": self.cfg.trainer.strategy, "model_path": _absolute(self.model_path)}
@@ -356,7 +364,8 @@ class Trainer:
         if mismatch:
             raise ValueError(f"trainer.resume_mode: {mismatch}")
         state = checkpoint.read_trainer_state(path)
-        self.group.call("load_checkpoint", path)
+        for group in self.trained_groups():
+            group.call("load_checkpoint", path)
         self.position = BatchPosition(state["epoch"], state["index"])
         if self.kl_in_reward is not None and "kl_ctrl" in state:
             self.kl_in_reward.load_state_dict(state["kl_ctrl"])
@@ -374,7 +383,8 @@ class Trainer:
         for method, path, what in exports:
             with write_faults.one_line(f"{what} of step {step}", path, path + ".partial", "trainer.export_path"):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                self.group.call(method, self.model_path, path)
+                group = self.critic_group if method == "export_critic" and self.critic_group else self.group
+                group.call(method, self.model_path, path)
 
 
 def _absolute(model_path: str) -> str:

@@ -4,8 +4,9 @@
   each; STRICT_SPREAD over `policy_num_nodes` nodes, so each node's ranks share a host), rank r in bundle
   r // policy_num_gpus_per_node. On GPUs one bundle per GPU (vLLM's Ray executor takes bundles of at most one GPU
   for an engine's tensor-parallel workers), on one node (STRICT_PACK) or packed over several; the bundles are put in
-  rank order grouped by node (`bundle_order`) and rank r takes the r-th. The reference model runs on the same
-  workers.
+  rank order grouped by node (`bundle_order`) and rank r takes the r-th. The reference model and a critic run on
+  the same workers, unless `colocate_all=false` gives them groups of their own (the reference with
+  `colocate_policy_ref=false`, the critic always, as SkyRL places it), laid out the same way.
 - The generation engines: with `colocate_all=true` they share the workers' devices (the HF engine in the driver,
   vLLM engines sleeping while the workers train); with `colocate_all=false` they get a placement group of their own,
   one bundle of `inference_engine_tensor_parallel_size` devices per engine.
@@ -51,6 +52,8 @@ class Plan:
     colocated_engines: int = 0  # engine actors sharing the workers' devices (vLLM with colocate_all)
     ref_nodes: int = 0  # a reference group of its own (0: the reference runs on the policy's workers)
     ref_per_node: int = 0
+    critic_nodes: int = 0  # a critic group of its own (0: the critic, if any, runs on the policy's workers)
+    critic_per_node: int = 0
     worker_cores: tuple[int, ...] | None = None  # CPU machines with engines of their own (reference workers too)
     engine_cores: tuple[tuple[int, ...], ...] | None = None
 
@@ -63,9 +66,18 @@ class Plan:
         return self.ref_nodes * self.ref_per_node
 
     @property
+    def critic_workers(self) -> int:
+        return self.critic_nodes * self.critic_per_node
+
+    @property
+    def training_workers(self) -> int:
+        """Every training worker: the policy's and those of a reference or critic group of its own."""
+        return self.workers + self.ref_workers + self.critic_workers
+
+    @property
     def slots(self) -> int:
         """Devices the plan needs (logical CPU slots on a CPU machine)."""
-        return self.workers + self.ref_workers + self.engines * self.engine_devices
+        return self.training_workers + self.engines * self.engine_devices
 
 
 def engine_slots(index: int, tensor_parallel: int) -> list[int]:
@@ -91,17 +103,19 @@ def needs_reference(cfg) -> bool:
 
 
 def make_plan(cfg, gpu: bool, cores: int) -> Plan:
-    from rl.core.config.parallel import ref_placement
+    from rl.core.config.parallel import critic_has_own_group, critic_placement, ref_placement
 
     placement, gen = cfg.trainer.placement, cfg.generator
     separate = not placement.colocate_all
     engines = gen.num_inference_engines if separate else 0
     own_ref = separate and not placement.colocate_policy_ref and needs_reference(cfg)
     ref_nodes, ref_per_node = ref_placement(cfg) if own_ref else (0, 0)
+    critic_nodes, critic_per_node = critic_placement(cfg) if critic_has_own_group(cfg) else (0, 0)
     colocated_engines = gen.num_inference_engines if not separate and gen.backend != "hf" else 0
     plan = Plan(nodes=placement.policy_num_nodes, per_node=placement.policy_num_gpus_per_node, engines=engines,
                 engine_devices=gen.inference_engine_tensor_parallel_size, gpu=gpu, ref_nodes=ref_nodes,
-                ref_per_node=ref_per_node, colocated_engines=colocated_engines)
+                ref_per_node=ref_per_node, critic_nodes=critic_nodes, critic_per_node=critic_per_node,
+                colocated_engines=colocated_engines)
     if gpu or not separate or cores <= engines:
         return plan
     engine_cores = tuple((core,) for core in range(engines))
@@ -119,15 +133,16 @@ def fit_problems(cfg, gpus: int, cores: int, remote: bool) -> list[str]:
     if cfg.generator.weight_sync_backend == "ipc" and gpus and plan.engines:
         return ["generator.weight_sync_backend: ipc shares buffers on the training workers' GPUs, and these engines "
                 "have GPUs of their own (trainer.placement.colocate_all=false); use nccl (or null)"]
-    if plan.nodes > 1:
-        return [f"trainer.placement.policy_num_nodes: {plan.nodes} nodes need a Ray cluster of that many nodes, and "
-                "this run would start a one-node Ray of its own; start the cluster (examples/multinode) and pass "
-                "--ray_address, or set it to 1"]
+    for key, nodes in (("policy", plan.nodes), ("ref", plan.ref_nodes), ("critic", plan.critic_nodes)):
+        if nodes > 1:
+            return [f"trainer.placement.{key}_num_nodes: {nodes} nodes need a Ray cluster of that many nodes, and "
+                    "this run would start a one-node Ray of its own; start the cluster (examples/multinode) and pass "
+                    "--ray_address, or set it to 1"]
     if plan.gpu:
         if plan.slots > gpus and plan.nodes == 1:
-            return [f"trainer.placement.policy_num_gpus_per_node: {plan.workers} training workers and {plan.engines} "
-                    f"engines x {plan.engine_devices} devices need {plan.slots} GPUs, this machine has {gpus}; lower "
-                    "them or set trainer.placement.colocate_all=true"]
+            return [f"trainer.placement.policy_num_gpus_per_node: {plan.training_workers} training workers and "
+                    f"{plan.engines} engines x {plan.engine_devices} devices need {plan.slots} GPUs, this machine has "
+                    f"{gpus}; lower them or set trainer.placement.colocate_all=true"]
         return []
     if plan.engines and plan.engines >= cores:
         return [f"generator.num_inference_engines: {plan.engines} engines on cores of their own "
@@ -146,10 +161,13 @@ class Placement:
         self.plan, self.env = plan, env
         self.workers = self._worker_group(plan.nodes, plan.per_node)
         groups = [self.workers]
-        self.ref_workers = None
+        self.ref_workers = self.critic_workers = None
         if plan.ref_workers:
             self.ref_workers = self._worker_group(plan.ref_nodes, plan.ref_per_node)
             groups.append(self.ref_workers)
+        if plan.critic_workers:
+            self.critic_workers = self._worker_group(plan.critic_nodes, plan.critic_per_node)
+            groups.append(self.critic_workers)
         self.engines = None
         if plan.engines:
             engine_bundle = {"GPU": plan.engine_devices, "CPU": 1} if plan.gpu else {"CPU": plan.engine_devices}
@@ -164,6 +182,8 @@ class Placement:
         self.worker_bundles = self._slot_bundles(self.workers, plan.workers, plan.per_node)
         self.ref_bundles = (self._slot_bundles(self.ref_workers, plan.ref_workers, plan.ref_per_node)
                             if self.ref_workers is not None else [])
+        self.critic_bundles = (self._slot_bundles(self.critic_workers, plan.critic_workers, plan.critic_per_node)
+                               if self.critic_workers is not None else [])
 
     def _worker_group(self, nodes: int, per_node: int):
         from ray.util.placement_group import placement_group
@@ -216,11 +236,14 @@ class Placement:
     def ref_worker_options(self, rank: int) -> dict[str, Any]:
         return self._options(self.ref_workers, self.ref_bundles[rank], 1, self._worker_env())
 
+    def critic_worker_options(self, rank: int) -> dict[str, Any]:
+        return self._options(self.critic_workers, self.critic_bundles[rank], 1, self._worker_env())
+
     def _worker_env(self) -> dict[str, str]:
         env = dict(self.env)
         if self.plan.worker_cores:
             env[CORES_ENV] = encode(self.plan.worker_cores)
-            sharing = self.plan.workers + self.plan.ref_workers
+            sharing = self.plan.training_workers
             env["OMP_NUM_THREADS"] = str(max(1, len(self.plan.worker_cores) // sharing))
         return env
 
@@ -244,6 +267,9 @@ class Placement:
         if plan.ref_workers:
             where += f"; the reference model on {plan.ref_workers} worker(s) of its own ({plan.ref_nodes} x " \
                      f"{plan.ref_per_node})"
+        if plan.critic_workers:
+            where += f"; the critic on {plan.critic_workers} worker(s) of its own ({plan.critic_nodes} x " \
+                     f"{plan.critic_per_node})"
         if plan.engines:
             where += f"; {plan.engines} engine(s) on their own {plan.engine_devices} device(s) each"
         if plan.engine_cores:

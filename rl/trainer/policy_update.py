@@ -21,14 +21,15 @@ def micro_batching(cfg, dp_size: int, pad_token_id: int, train: bool) -> MicroBa
 
 def compute_logprobs(group: WorkerGroup, batching: MicroBatching, experience: Experience, has_ref: bool,
                      on_policy: bool = False, ref: tuple[WorkerGroup, MicroBatching] | None = None,
-                     has_critic: bool = False) -> None:
+                     critic: tuple[WorkerGroup, MicroBatching] | None = None) -> None:
     """Adds old_logprobs (policy before the update), with a reference model ref_logprobs, and with a critic
     old_values (its values before the update) to every sequence; the passes run side by side.
 
     `on_policy` (one optimizer step per rollout batch): the policy's pass is skipped, since its logprobs are the
     ones the training forward computes before the only update; the loss then takes them detached as the old ones.
     `ref`: the reference model's own group and micro-batching, when it has workers of its own (its pass then runs
-    beside the policy's); otherwise the reference lives on the policy's workers.
+    beside the policy's); otherwise the reference lives on the policy's workers. `critic`: the group holding the
+    critic (the policy's or its own) and its micro-batching.
     """
     sequences = experience.sequences
     batches = batching.split(sequences)
@@ -36,8 +37,10 @@ def compute_logprobs(group: WorkerGroup, batching: MicroBatching, experience: Ex
     if has_ref:
         ref_group, ref_batches = (ref[0], ref[1].split(sequences)) if ref is not None else (group, batches)
         passes.append(("ref_logprobs", ref_group, ref_batches, ("logprobs", "ref")))
-    if has_critic:
-        passes.append(("old_values", group, batches, ("values",)))
+    if critic is not None:
+        critic_group, critic_batching = critic
+        critic_batches = batches if critic_group is group else critic_batching.split(sequences)
+        passes.append(("old_values", critic_group, critic_batches, ("values",)))
     started = [(field, owner, shards, owner.submit_sharded(call[0], shards, *call[1:]))
                for field, owner, shards, call in passes]
     for field, owner, shards, pending in started:

@@ -121,7 +121,7 @@ class WorkerGroup:
         host, port = ray.get(self.actors[0].address.remote())
         self.call("setup", host, port, backend, policy_spec, ref_spec, critic_spec)
         if policy_spec is None:
-            self.role = "reference worker"
+            self.role = "reference worker" if ref_spec is not None else "critic worker"
         self.layout = DataParallelLayout.of(self.call("data_parallel_rank"))
 
     @property

@@ -46,8 +46,9 @@ def model_specs(cfg, model_path: str, ref_path: str | None = None) -> tuple[Mode
 
 class StartedWorkers(NamedTuple):
     placement: Placement
-    group: WorkerGroup  # the policy's workers (holding the reference too, unless `ref_group` does)
+    group: WorkerGroup  # the policy's workers (holding the reference and the critic too, unless groups of their own do)
     ref_group: WorkerGroup | None  # the reference's workers, where the plan gives it workers of its own
+    critic_group: WorkerGroup | None = None  # the critic's workers, where the plan gives it workers of its own
 
 
 def start_workers(cfg) -> StartedWorkers:
@@ -58,32 +59,42 @@ def start_workers(cfg) -> StartedWorkers:
     group = WorkerGroup(plan.workers, seed=cfg.trainer.seed, options=_options(placement.worker_options, plan))
     ref_group = (WorkerGroup(plan.ref_workers, seed=cfg.trainer.seed,
                              options=_options(placement.ref_worker_options, plan)) if plan.ref_workers else None)
-    return StartedWorkers(placement, group, ref_group)
+    critic_group = (WorkerGroup(plan.critic_workers, seed=cfg.trainer.seed,
+                                options=_options(placement.critic_worker_options, plan))
+                    if plan.critic_workers else None)
+    return StartedWorkers(placement, group, ref_group, critic_group)
 
 
 def critic_spec(cfg, critic_path: str | None) -> ModelSpec | None:
-    """The critic of `advantage_estimator=gae` (`trainer.critic`), built on the policy's workers; None otherwise."""
+    """The critic of `advantage_estimator=gae` (`trainer.critic`); None otherwise."""
     trainer = cfg.trainer
     if trainer.algorithm.advantage_estimator != "gae":
         return None
-    opt = trainer.critic.optimizer_config
+    opt, lora = trainer.critic.optimizer_config, trainer.critic.model.lora
     return ModelSpec(
-        path=critic_path, role="critic", temperature=1.0, gradient_checkpointing=trainer.gradient_checkpointing,
+        path=critic_path, role="critic", lora=dataclasses.asdict(lora) if lora.rank > 0 else None, temperature=1.0,
+        gradient_checkpointing=trainer.gradient_checkpointing,
         lr=opt.lr, weight_decay=opt.weight_decay, betas=tuple(opt.betas), max_grad_norm=opt.max_grad_norm,
         lr_warmup_steps=opt.lr_warmup_steps, kernels=trainer.kernels, bf16=trainer.bf16,
         flash_attn=trainer.flash_attn, backend_options=STRATEGIES.get(trainer.strategy).backend_options(cfg, "critic"),
         sequence_parallel_size=trainer.critic.sequence_parallel_size)
 
 
-def setup_worker_groups(cfg, model_path: str, group: WorkerGroup, ref_group: WorkerGroup | None,
-                        critic_path: str | None = None, ref_path: str | None = None) -> None:
-    """Every worker builds its models: the policy (and the reference, unless it has a group of its own) and the
-    critic (from `critic_path`, the policy's model unless trainer.critic.model.path names one)."""
+def setup_worker_groups(cfg, model_path: str, started: StartedWorkers, critic_path: str | None = None,
+                        ref_path: str | None = None) -> None:
+    """Every worker builds its models: the policy, the reference and the critic (from `critic_path`, the policy's
+    model unless trainer.critic.model.path names one), each on the policy's workers unless it has a group of its
+    own."""
     backend = STRATEGIES.get(cfg.trainer.strategy).backend
     policy, ref = model_specs(cfg, model_path, ref_path)
-    group.setup(backend, policy, None if ref_group is not None else ref, critic_spec(cfg, critic_path or model_path))
-    if ref_group is not None:
-        ref_group.setup(backend, None, ref)
+    critic = critic_spec(cfg, critic_path or model_path)
+    own_ref, own_critic = started.ref_group, started.critic_group
+    started.group.setup(backend, policy, None if own_ref is not None else ref,
+                        None if own_critic is not None else critic)
+    if own_ref is not None:
+        own_ref.setup(backend, None, ref)
+    if own_critic is not None:
+        own_critic.setup(backend, None, None, critic)
 
 
 def _options(placed, plan):
@@ -92,6 +103,6 @@ def _options(placed, plan):
         return placed  # pinned to the cores the engines leave
     # The launcher's OMP_NUM_THREADS where set, as for its other processes (one thread makes a run reproducible to
     # the bit: BLAS's threads may sum in another order from run to run); else the cores shared out.
-    shared_out = max(1, (os.cpu_count() or 1) // (plan.workers + plan.ref_workers))
+    shared_out = max(1, (os.cpu_count() or 1) // plan.training_workers)
     threads = 1 if torch.cuda.is_available() else int(os.environ.get("OMP_NUM_THREADS") or 0) or shared_out
     return lambda rank: {**placed(rank), "runtime_env": {"env_vars": {**ACTOR_ENV, "OMP_NUM_THREADS": str(threads)}}}

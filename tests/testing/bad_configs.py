@@ -246,13 +246,19 @@ BAD = {
     "critic_placement_apart": Bad(
         ["trainer.algorithm.advantage_estimator=gae", "trainer.placement.critic_num_gpus_per_node=2"],
         "trainer.placement.critic_num_gpus_per_node", ("runs on the policy's workers", "set it equal or null")),
+    "critic_group_not_a_multiple": Bad(
+        ["trainer.algorithm.advantage_estimator=gae", "trainer.placement.colocate_all=false",
+         "trainer.strategy=megatron", f"{MEGATRON}tensor_model_parallel_size=2",
+         "trainer.placement.policy_num_gpus_per_node=2", "trainer.placement.critic_num_gpus_per_node=3"],
+        "trainer.placement.critic_num_gpus_per_node", ("not a multiple of its model-parallel size 2", "TP 2")),
     "critic_mini_batch_uneven": Bad(
         ["trainer.algorithm.advantage_estimator=gae", "trainer.critic_mini_batch_size=3"],
         "trainer.critic_mini_batch_size", ("divide trainer.train_batch_size",)),
     "ppo_epochs_zero": Bad(["trainer.update_epochs_per_batch=0"], "trainer.update_epochs_per_batch", (">= 1",)),
+    "critic_lora_dropout": Bad(["trainer.algorithm.advantage_estimator=gae", "trainer.critic.model.lora.rank=8",
+                                "trainer.critic.model.lora.dropout=1.5"],
+                               "trainer.critic.model.lora.dropout", ("[0, 1)",)),
     # known keys whose feature this version does not run yet
-    "critic_lora": Bad(["trainer.algorithm.advantage_estimator=gae", "trainer.critic.model.lora.rank=8"],
-                       "trainer.critic.model.lora.rank", ("not supported yet", "set it to 0")),
     "ulysses_under_deepspeed": Bad(
         [*WORLD_4, "trainer.strategy=deepspeed", "trainer.policy.sequence_parallel_size=2"],
         "trainer.policy.sequence_parallel_size",

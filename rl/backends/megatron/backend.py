@@ -31,7 +31,7 @@ from rl.backends.megatron import optimizer as mopt
 from rl.backends.megatron.config import MegatronConfig
 from rl.backends.megatron.context_parallel import context_parallel, local_inputs, positional_rotary, whole_row
 from rl.backends.megatron.cpu_compat import cpu_compat
-from rl.backends.megatron.critic import attach_value_heads, refuse_unsupported, token_values
+from rl.backends.megatron.critic import attach_value_heads, refuse_unsupported, token_values, train_value_heads
 from rl.backends.megatron.fused import fused_policy_loss, output_layer_yields_hidden
 from rl.backends.megatron.logprobs import vocab_parallel_logprobs
 from rl.backends.megatron.parallel import current_layout, init_parallel_state
@@ -90,6 +90,8 @@ class MegatronBackend(TrainingBackend):
                 self.adapters += attach(chunk, adapters, self.hf_config, layout, scaling(self.spec.lora),
                                         opts.sequence_parallel)
         del weights, adapters
+        if self.is_critic and self.spec.lora:
+            train_value_heads(self.chunks)
         self.model.to(self.dist.device)
         self.ddp: list = []
         if self.trainable:
@@ -366,7 +368,7 @@ class MegatronBackend(TrainingBackend):
         """With LoRA the shard files hold the adapters only (and adapter_config.json their shape)."""
         from rl.backends.megatron.lora import adapter_state
 
-        states = [{"model": adapter_state(state) if self.spec.lora else state}
+        states = [{"model": adapter_state(state, self.is_critic) if self.spec.lora else state}
                   for state in ckpt.chunk_states(self.chunks)]
         with cpu_compat(self.dist.device):
             states[0].update(self.optimizer.state_dict(), pipeline=self._pipeline())

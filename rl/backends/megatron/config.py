@@ -202,17 +202,18 @@ class MegatronStrategy(StrategyConfig):
             problems.add("trainer.policy.use_fused_kernels",
                          f"is true, but the fused loss does not run with context parallelism yet "
                          f"({BLOCK}.context_parallel_size={block.context_parallel_size}); set it to false")
-        lora = cfg.trainer.policy.model.lora
-        if lora.rank > 0 and lora.dropout > 0:
-            problems.add("trainer.policy.model.lora.dropout",
-                         f"is {lora.dropout}, but megatron's adapters take no dropout (the TP ranks of an adapter "
-                         "would need one mask); set it to 0 or use trainer.strategy=fsdp2")
+        for model in ("policy", "critic"):
+            lora = getattr(cfg.trainer, model).model.lora
+            if lora.rank > 0 and lora.dropout > 0:
+                problems.add(f"trainer.{model}.model.lora.dropout",
+                             f"is {lora.dropout}, but megatron's adapters take no dropout (the TP ranks of an adapter "
+                             "would need one mask); set it to 0 or use trainer.strategy=fsdp2")
         if cfg.trainer.kernels != "auto":
             problems.add("trainer.kernels",
                          f"is {cfg.trainer.kernels}, but trainer.strategy=megatron computes its vocab-parallel "
                          "logprobs in torch and uses no rl.kernels implementation; set it to auto")
 
-    def model_parallel_size(self, cfg) -> tuple[int, str]:
+    def model_parallel_size(self, cfg, role: str = "policy") -> tuple[int, str]:  # every model's layout
         block = cfg.blocks[BLOCK]
         tp, pp, cp = block.tensor_model_parallel_size, block.pipeline_model_parallel_size, block.context_parallel_size
         return tp * pp * cp, f"TP {tp} * PP {pp}" + (f" * CP {cp}" if cp > 1 else "")

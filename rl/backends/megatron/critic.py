@@ -46,9 +46,6 @@ class ValueHead(nn.Module):
 
 def refuse_unsupported(spec) -> None:
     """The policy-only options a critic's spec may not carry, each named by its key."""
-    if spec.lora:
-        raise ValueError("trainer.critic.model.lora.rank: LoRA on a megatron critic is not supported (its adapters "
-                         "sit on the policy's layers and its value head would be frozen); set it to 0")
     if spec.fused_kernels:
         raise ValueError("trainer.policy.use_fused_kernels: the fused loss computes a policy loss from the LM head's "
                          "vocabulary; a critic has a value head instead; build the critic without it")
@@ -60,6 +57,13 @@ def attach_value_heads(chunks: list[nn.Module], layouts: list, hidden: int, sequ
     for chunk, layout in zip(chunks, layouts, strict=True):
         if layout.last_stage:
             chunk.output_layer = ValueHead(hidden, sequence_parallel)
+
+
+def train_value_heads(chunks: list[nn.Module]) -> None:
+    """A LoRA critic trains its value head whole beside the adapters (`lora.attach` froze every base parameter)."""
+    for chunk in chunks:
+        if isinstance(getattr(chunk, "output_layer", None), ValueHead):
+            chunk.output_layer.requires_grad_(True)
 
 
 def token_values(output: Tensor, batch: PackedBatch, cp=None) -> Tensor:

@@ -36,6 +36,7 @@ HF_MODULE = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj
              "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
              "down_proj": "mlp.down_proj"}
 _HF_ADAPTER = ".lora_{}.default.weight"  # the adapted HF model's naming (rl.backends.lora)
+VALUE_HEAD = "output_layer."  # a critic's head on the last stage (critic.ValueHead)
 
 
 class Adapters(nn.Module):
@@ -224,15 +225,22 @@ def merged(state: dict[str, Tensor], chunk: nn.Module) -> dict[str, Tensor]:
     return out
 
 
-def adapter_state(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {name: value for name, value in state.items() if is_adapter_key(name)}
+def adapter_state(state: dict[str, Tensor], critic: bool = False) -> dict[str, Tensor]:
+    """What a LoRA checkpoint keeps of a chunk's state: the adapters, and a critic's value head."""
+    return {name: value for name, value in state.items()
+            if is_adapter_key(name) or (critic and name.startswith(VALUE_HEAD))}
 
 
 def to_hf(shards: dict[tuple[int, int, int], dict[str, Tensor]], cfg, tp: int, pp: int) -> Iterator[tuple[str, Tensor]]:
     """The adapters in the adapted HF model's naming (`model.layers.N.self_attn.q_proj.lora_A.default.weight`),
     from every rank's adapter tensors keyed by (tp_rank, pp_rank, ep_rank) of a plain PP pipeline: the
-    Megatron -> PEFT naming, TP shards joined the way `attach` cut them."""
+    Megatron -> PEFT naming, TP shards joined the way `attach` cut them; a critic's value head (whole on every TP
+    rank of the last stage) as `lm_head.*`."""
     per_stage = cfg.num_hidden_layers // pp
+    last = shards[(0, pp - 1, 0)]
+    for part in ("weight", "bias"):
+        if VALUE_HEAD + part in last:
+            yield f"lm_head.{part}", last[VALUE_HEAD + part]
     for stage in range(pp):
         for local in range(per_stage):
             for path, (names, column) in LINEARS.items():

@@ -94,7 +94,9 @@ def inputs_from_config(cfg, shape: ModelShape, gpu_bytes: float | None, ref_shap
         attention="flash" if trainer.flash_attn else "sdpa_varlen",
         ulysses=trainer.policy.sequence_parallel_size,
         ref_shape=(ref_shape or shape) if ref_here else None,
-        critic_shape=(critic_shape or shape) if algorithm.advantage_estimator == "gae" else None,
+        # a critic group of its own (colocate_all=false) leaves the policy's devices to the policy
+        critic_shape=(critic_shape or shape) if algorithm.advantage_estimator == "gae" and placement.colocate_all
+        else None,
         critic_lora_rank=trainer.critic.model.lora.rank,
         engine=engine, runtime_bytes=RUNTIME_BYTES if on_gpu else 0.0,
         mini_batch_sequences=trainer.policy_mini_batch_size * gen.n_samples_per_prompt,

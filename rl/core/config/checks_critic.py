@@ -5,8 +5,9 @@ A critic exists only for `advantage_estimator=gae`; its keys set otherwise would
 
 from __future__ import annotations
 
+from rl.core.config import strategies
 from rl.core.config.errors import Problems
-from rl.core.config.parallel import parallel_sizes
+from rl.core.config.parallel import critic_has_own_group, critic_placement, parallel_sizes
 from rl.core.config.schema import Config
 
 _CRITIC = "trainer.critic."
@@ -14,7 +15,7 @@ _CRITIC = "trainer.critic."
 
 def check_critic(cfg: Config, problems: Problems) -> None:
     trainer = cfg.trainer
-    critic, placement = trainer.critic, trainer.placement
+    critic = trainer.critic
     if trainer.update_epochs_per_batch < 1:
         problems.add("trainer.update_epochs_per_batch", f"must be >= 1, got {trainer.update_epochs_per_batch}")
     if trainer.critic_warmup < 0:
@@ -27,26 +28,59 @@ def check_critic(cfg: Config, problems: Problems) -> None:
                 problems.add(key, f"is set, but only trainer.algorithm.advantage_estimator=gae trains a critic "
                                   f"(it is {trainer.algorithm.advantage_estimator}); unset it or use gae")
         return
-    if critic.model.lora.rank > 0:
-        problems.add(_CRITIC + "model.lora.rank", "LoRA on the critic is not supported yet; set it to 0 (the critic "
-                                                  "trains all its weights)")
-    if critic.sequence_parallel_size != trainer.policy.sequence_parallel_size:
-        problems.add(_CRITIC + "sequence_parallel_size",
-                     f"{critic.sequence_parallel_size} differs from trainer.policy.sequence_parallel_size="
-                     f"{trainer.policy.sequence_parallel_size}; the critic runs on the policy's workers and data "
-                     "shards, so set them equal")
-    for name, policy in (("num_nodes", placement.policy_num_nodes),
-                         ("num_gpus_per_node", placement.policy_num_gpus_per_node)):
-        value = getattr(placement, f"critic_{name}")
-        if value is not None and value != policy:
-            problems.add(f"trainer.placement.critic_{name}",
-                         f"{value} differs from trainer.placement.policy_{name}={policy}: the critic runs on the "
-                         "policy's workers (colocated, as SkyRL's colocated critic); set it equal or null")
+    strategy = strategies.selected(cfg)
+    if critic.model.lora.rank > 0 and strategy is not None and not strategy.lora:
+        problems.add(_CRITIC + "model.lora.rank", f"is {critic.model.lora.rank}, but the {strategy.name} backend does "
+                                                  "not train LoRA adapters; set it to 0")
+    if critic_has_own_group(cfg):
+        _check_own_group(cfg, problems)
+    else:
+        _check_colocated(cfg, problems)
     opt = critic.optimizer_config
     for name in ("lr", "weight_decay", "max_grad_norm", "lr_warmup_steps"):
         if getattr(opt, name) < 0:
             problems.add(_CRITIC + f"optimizer_config.{name}", f"must be >= 0, got {getattr(opt, name)}")
     _check_mini_batch(cfg, problems)
+
+
+def _check_colocated(cfg: Config, problems: Problems) -> None:
+    """With trainer.placement.colocate_all=true the critic runs on the policy's workers and data shards (SkyRL
+    asserts the same sizes)."""
+    trainer, placement = cfg.trainer, cfg.trainer.placement
+    if trainer.critic.sequence_parallel_size != trainer.policy.sequence_parallel_size:
+        problems.add(_CRITIC + "sequence_parallel_size",
+                     f"{trainer.critic.sequence_parallel_size} differs from trainer.policy.sequence_parallel_size="
+                     f"{trainer.policy.sequence_parallel_size}; with trainer.placement.colocate_all=true the critic "
+                     "runs on the policy's workers and data shards, so set them equal (or colocate_all=false for a "
+                     "critic group of its own)")
+    for name, policy in (("num_nodes", placement.policy_num_nodes),
+                         ("num_gpus_per_node", placement.policy_num_gpus_per_node)):
+        value = getattr(placement, f"critic_{name}")
+        if value is not None and value != policy:
+            problems.add(f"trainer.placement.critic_{name}",
+                         f"{value} differs from trainer.placement.policy_{name}={policy}: with "
+                         "trainer.placement.colocate_all=true the critic runs on the policy's workers; set it equal "
+                         "or null, or set colocate_all=false for a critic group of its own")
+
+
+def _check_own_group(cfg: Config, problems: Problems) -> None:
+    """A critic group of its own: at least one device, a multiple of the model-parallel size."""
+    nodes, gpus = critic_placement(cfg)
+    if nodes < 1 or gpus < 1:
+        problems.add("trainer.placement.critic_num_gpus_per_node" if gpus < 1 else "trainer.placement.critic_num_nodes",
+                     f"the critic group of {nodes} x {gpus} devices needs at least one; set both >= 1")
+        return
+    strategy = strategies.selected(cfg)
+    if strategy is not None and cfg.trainer.critic.sequence_parallel_size > 1 and not strategy.ulysses:
+        problems.add(_CRITIC + "sequence_parallel_size",
+                     f"is {cfg.trainer.critic.sequence_parallel_size}, but the {strategy.name} backend does not "
+                     "implement Ulysses sequence parallelism; set it to 1")
+    if strategy is not None:
+        size, how = strategy.model_parallel_size(cfg, "critic")
+        if size >= 1 and (nodes * gpus) % size:
+            problems.add("trainer.placement.critic_num_gpus_per_node",
+                         f"the critic group's {nodes}x{gpus} devices are not a multiple of its model-parallel size "
+                         f"{size} ({how}); give it a multiple")
 
 
 def _check_mini_batch(cfg: Config, problems: Problems) -> None:
@@ -58,7 +92,7 @@ def _check_mini_batch(cfg: Config, problems: Problems) -> None:
         problems.add("trainer.critic_mini_batch_size",
                      f"{mini} must be >= 1 and divide trainer.train_batch_size={trainer.train_batch_size}")
         return
-    sizes = parallel_sizes(cfg)
+    sizes = parallel_sizes(cfg, "critic")
     n, micro = cfg.generator.n_samples_per_prompt, trainer.micro_train_batch_size_per_gpu
     if sizes is not None and (mini * n) % (micro * sizes.data_parallel):
         problems.add("trainer.critic_mini_batch_size",

@@ -36,13 +36,30 @@ def ref_world_size(cfg: Config) -> int:
     return nodes * gpus
 
 
-def parallel_sizes(cfg: Config) -> ParallelSizes | None:
-    """The sizes, or None when the model-parallel size does not divide the world (validation reports that)."""
+def critic_has_own_group(cfg: Config) -> bool:
+    """Whether the critic trains on workers of its own: with `trainer.placement.colocate_all=false`, as SkyRL places
+    it (`critic_num_nodes` x `critic_num_gpus_per_node`); otherwise on the policy's workers."""
+    return cfg.trainer.algorithm.advantage_estimator == "gae" and not cfg.trainer.placement.colocate_all
+
+
+def critic_placement(cfg: Config) -> tuple[int, int]:
+    """(nodes, devices per node) of a critic group of its own; unset values follow the policy."""
+    placement = cfg.trainer.placement
+    nodes = placement.policy_num_nodes if placement.critic_num_nodes is None else placement.critic_num_nodes
+    gpus = placement.critic_num_gpus_per_node
+    return nodes, placement.policy_num_gpus_per_node if gpus is None else gpus
+
+
+def parallel_sizes(cfg: Config, role: str = "policy") -> ParallelSizes | None:
+    """The sizes of the policy's workers, or with `role="critic"` of the critic's (its own group or the policy's);
+    None when the model-parallel size does not divide the world (validation reports that)."""
     strategy = strategies.selected(cfg)
     if strategy is None:
         return None
-    world = policy_world_size(cfg)
-    group, how = strategy.model_parallel_size(cfg)
+    own = role == "critic" and critic_has_own_group(cfg)
+    nodes, gpus = critic_placement(cfg) if own else (1, policy_world_size(cfg))
+    world = nodes * gpus
+    group, how = strategy.model_parallel_size(cfg, role)
     if world < 1 or group < 1 or world % group:
         return None
     return ParallelSizes(world=world, data_parallel=world // group, how=f"world {world} / {how}")

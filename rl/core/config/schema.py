@@ -59,12 +59,14 @@ class PlacementConfig:
     """Devices per node of the reference model's group; null follows the policy."""
 
     critic_num_nodes: int | None
-    """Nodes of the critic (SkyRL's key); null follows the policy. The critic runs on the policy's workers, so a
-    value must equal `policy_num_nodes`."""
+    """Nodes of the critic (SkyRL's key); null follows the policy. With `colocate_all=true` the critic runs on the
+    policy's workers, so a value must equal `policy_num_nodes`; with `colocate_all=false` it is the size of the
+    critic's own worker group (as SkyRL places it)."""
 
     critic_num_gpus_per_node: int | None
-    """Devices per node of the critic; null follows the policy, and a value must equal
-    `policy_num_gpus_per_node`."""
+    """Devices per node of the critic; null follows the policy. With `colocate_all=true` a value must equal
+    `policy_num_gpus_per_node`; with `colocate_all=false` the critic gets this many devices of its own per node (a
+    multiple of its model-parallel size)."""
 
     gpu_memory_gb: float | None
     """Memory of one GPU in GiB, for the memory planner (`bazel run //rl/launch:plan`, preflight's check,

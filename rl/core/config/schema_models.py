@@ -125,14 +125,15 @@ class CriticModelConfig:
     `critic/` folder of an export), whose value head it keeps. Must share the policy's tokenizer."""
 
     lora: LoraConfig
-    """LoRA adapters on the critic (`rank` 0: none)."""
+    """LoRA adapters on the critic (`rank` 0: none): its backbone frozen, the adapters and the value head trained;
+    checkpoints hold those, exports the merged token classifier."""
 
 
 @dataclass(kw_only=True)
 class CriticConfig:
     """The value model of `trainer.algorithm.advantage_estimator=gae` (SkyRL's `trainer.critic` block): the
-    backbone of a causal LM with a one-output value head, trained by the run's strategy on the policy's workers.
-    Its strategy settings are `trainer.critic.fsdp_config` (fsdp, fsdp2); deepspeed and megatron train it with
+    backbone of a causal LM with a one-output value head, trained by the run's strategy on the policy's workers
+    (`trainer.placement.colocate_all=true`) or on a group of its own (`colocate_all=false`). Its strategy settings are `trainer.critic.fsdp_config` (fsdp, fsdp2); deepspeed and megatron train it with
     the policy's blocks (`deepspeed_config.train`, `trainer.policy.megatron_config`)."""
 
     model: CriticModelConfig
@@ -142,8 +143,9 @@ class CriticConfig:
     """The critic's AdamW and learning-rate schedule (SkyRL's default learning rate is 5e-6)."""
 
     sequence_parallel_size: int
-    """Ulysses sequence-parallel size of the critic; it shares the policy's workers and data-parallel layout, so it
-    must equal `trainer.policy.sequence_parallel_size`."""
+    """Ulysses sequence-parallel size of the critic. On the policy's workers it shares their data-parallel layout,
+    so it must equal `trainer.policy.sequence_parallel_size`; a critic group of its own (`colocate_all=false`) takes
+    its own."""
 
 
 @dataclass(kw_only=True)

@@ -51,10 +51,11 @@ class StrategyConfig:
     def check(self, cfg: Config, problems: Problems) -> None:
         """Problems of this strategy's blocks and of options it does not implement, each naming its key."""
 
-    def model_parallel_size(self, cfg: Config) -> tuple[int, str]:
-        """(ranks that share one data shard, how that number came about)."""
-        size = cfg.trainer.policy.sequence_parallel_size
-        return size, f"sequence_parallel_size {size}"
+    def model_parallel_size(self, cfg: Config, role: str = "policy") -> tuple[int, str]:
+        """(ranks that share one data shard, how that number came about) for the workers of `role` ("policy" or
+        "critic")."""
+        size = getattr(cfg.trainer, role).sequence_parallel_size
+        return size, f"trainer.{role}.sequence_parallel_size {size}"
 
     def backend_options(self, cfg: Config, role: str) -> dict[str, Any]:
         """The strategy's own settings for one model ("policy", "ref" or "critic"), as `ModelSpec.backend_options`."""

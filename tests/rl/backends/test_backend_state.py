@@ -77,6 +77,25 @@ def test_checkpoint_round_trip_restores_training_exactly(model_path, tmp_path, s
         torch.testing.assert_close(tensor, expected_state[name], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_checkpoint_before_the_first_step_changes_nothing(model_path, tmp_path, strategy):
+    """A model checkpointed before its first optimizer step (a policy during the critic's warm-up) takes the first
+    step of one never checkpointed, and so does one resumed from that checkpoint: Adam's first update (its bias
+    correction counts the steps) must not see a step that was never taken."""
+    plain = _backend(model_path, strategy)
+    expected = train_step(plain)
+    expected_state = plain.full_state_dict()
+    for resume in (False, True):
+        saved = _backend(model_path, strategy)
+        saved.save_checkpoint(str(tmp_path / f"ckpt-{resume}"))
+        if resume:
+            saved = _backend(model_path, strategy)
+            saved.load_checkpoint(str(tmp_path / f"ckpt-{resume}"))
+        assert train_step(saved) == expected, f"resumed: {resume}"
+        for name, tensor in saved.full_state_dict().items():
+            assert torch.equal(tensor, expected_state[name]), f"resumed: {resume}: {name}"
+
+
 def test_on_policy_step_without_old_logprobs_equals_the_recomputed_one(model_path):
     """One optimizer step per rollout batch: the loss may take the training forward's own logprobs (detached) as the
     old ones, which is what the trainer does instead of a separate old-logprob pass. Oracle: the same step with the

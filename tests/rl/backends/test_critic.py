@@ -1,13 +1,19 @@
-"""The critic (value model) on the fsdp2, fsdp and DeepSpeed (ZeRO-2, ZeRO-3) backends (one process), against an
-independent plain-torch oracle: transformers' own one-label token classifier (the backbone plus a linear `score`
-head) holding the same initial head, its values read off the positions before each token, PPO's clipped value
-loss written out here, AdamW with the same clipping. Values, value losses and weights after two steps agree
-within float32 rounding; an export loads with `AutoModelForTokenClassification` to the critic's values; a
-checkpoint resumes exactly."""
+"""The critic (value model) on the fsdp2, fsdp and DeepSpeed (ZeRO-2, ZeRO-3) backends (one process), whole and with
+LoRA, against independent plain-torch oracles: transformers' own one-label token classifier (the backbone plus a
+linear `score` head) holding the same initial head, and for LoRA PEFT's token-classification model over it
+(`task_type=TOKEN_CLS`: the adapters plus the `score` head trained whole as `modules_to_save`) with the same
+initial adapters; values read off the positions before each token, PPO's clipped value loss written out here, AdamW
+with the same clipping. Values, value losses and trained weights after two steps agree within float32 rounding, a
+LoRA critic's base weights bit for bit; an export loads with `AutoModelForTokenClassification` to the critic's
+values; a checkpoint resumes exactly and converts to the export's weights."""
+
+import os
 
 import pytest
 import torch
 import torch.distributed as dist
+from peft import LoraConfig, get_peft_model
+from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForTokenClassification
 
 from rl.backends.base import ModelSpec
@@ -27,6 +33,9 @@ CLIP = 0.05  # small enough that the clipped term decides for some tokens at the
 SETTINGS = ValueLossSettings(value_clip=CLIP, loss_reduction="token_mean")
 STRATEGIES = {"fsdp2": ("fsdp2", None), "fsdp": ("fsdp", None), "zero2": ("deepspeed", None),
               "zero3": ("deepspeed", {"zero_optimization": {"stage": 3}})}
+LORA = dict(rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"], exclude_modules=None,
+            init_method="gaussian", merge_on_export=False)
+PEFT_PREFIX = "base_model.model."  # PeftModel's prefix of the wrapped model's names
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -46,15 +55,22 @@ def strategy(request):
     return STRATEGIES[request.param]
 
 
-def _critic(path, strategy):
+@pytest.fixture(params=[None, LORA], ids=["whole", "lora"])
+def lora(request):
+    return request.param
+
+
+def _critic(path, strategy, lora=None):
     name, options = strategy
     # float32 on every device (trainer.bf16=false): the oracle is float32
     spec = ModelSpec(path=path, role="critic", temperature=1.0, lr=LR, weight_decay=0.0, backend_options=options,
-                     bf16=False)
+                     bf16=False, lora=lora)
     return build_backend(name, spec, init_distributed(0, 1, "127.0.0.1", PORT))
 
 
-def _oracle(path):
+def _oracle(path, critic=None, lora=None):
+    """The token classifier with the critic's initial head; with `lora`, PEFT's adapters on it holding the critic's
+    initial adapters. Returns (model, {oracle parameter name: the critic's own name})."""
     config = AutoConfig.from_pretrained(path, num_labels=1)
     config.classifier_dropout = 0.0
     model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
@@ -62,7 +78,23 @@ def _oracle(path):
     with torch.no_grad():
         model.score.weight.copy_(head["weight"])
         model.score.bias.copy_(head["bias"])
-    return model
+    if lora is None:
+        return model, {name: name.replace("score.", "lm_head.") for name, _ in model.named_parameters()}
+    peft_config = LoraConfig(task_type="TOKEN_CLS", r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=0.0,
+                             target_modules=lora["target_modules"], init_lora_weights="gaussian")
+    model = get_peft_model(model, peft_config)
+    names = {}
+    for name, _ in model.named_parameters():
+        own = name.removeprefix(PEFT_PREFIX)
+        if own.startswith("score.original_module."):
+            continue  # PEFT's frozen copy of the head it trains
+        names[name] = own.replace("score.modules_to_save.default.", "lm_head.")
+    initial = critic.own_state_dict()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.copy_(initial[names[name]])
+    return model, names
 
 
 def _batch():
@@ -92,14 +124,19 @@ def _oracle_loss(values, old, returns, mask):
     return per_token[mask].sum() / mask.sum()
 
 
-def _rtol(config, batch) -> float:
-    reductions = tolerances.decoder_reductions(config, int(batch.seq_lengths.max()), int(batch.loss_mask.sum()))
+def _rtol(config, batch, lora=None) -> float:
+    reductions = tolerances.decoder_reductions(config, int(batch.seq_lengths.max()), int(batch.loss_mask.sum()),
+                                               lora["rank"] if lora else 0)
     return tolerances.network_rtol(reductions, torch.float32)
 
 
-def test_two_steps_match_the_token_classifier_oracle(model_path, strategy):
-    critic, oracle = _critic(model_path, strategy), _oracle(model_path)
-    params = dict(oracle.named_parameters())
+def test_two_steps_match_the_token_classifier_oracle(model_path, strategy, lora):
+    critic = _critic(model_path, strategy, lora)
+    oracle, names = _oracle(model_path, critic, lora)
+    start = {name: value.clone() for name, value in critic.own_state_dict().items()}
+    params = {name: param for name, param in oracle.named_parameters() if param.requires_grad}
+    assert {names[name] for name in params} >= {"lm_head.weight", "lm_head.bias"}
+    assert lora is None or all("lora_" in name or "score." in name for name in params)
     optimizer = torch.optim.AdamW(params.values(), lr=LR, weight_decay=0.0, fused=True)
     grads = {name: [] for name in params}
 
@@ -109,7 +146,7 @@ def test_two_steps_match_the_token_classifier_oracle(model_path, strategy):
 
     optimizer.register_step_pre_hook(record_gradients)
     batch = _batch()
-    rtol = _rtol(oracle.config, batch)
+    rtol = _rtol(oracle.config, batch, lora)
     first = None  # the values before the first step stay the old ones (PPO epochs over one batch): step 2 clips
     for step in range(2):
         got_old = critic.values(batch)
@@ -132,7 +169,12 @@ def test_two_steps_match_the_token_classifier_oracle(model_path, strategy):
     assert got["vf_clipfrac"] > 0, "the clipped term decided for some tokens"
     state = critic.own_state_dict()  # the head under its place in the module tree, `lm_head`
     for name, value in oracle.state_dict().items():
-        own = name.replace("score.", "lm_head.")
+        own = names.get(name)
+        if own is None:
+            continue
+        if name not in params:  # frozen (a LoRA critic's base): never rounded, so bit for bit
+            assert torch.equal(state[own], start[own]) and torch.equal(state[own], value), f"{own} moved"
+            continue
         # gradients within rtol * max|g| of the oracle's; Adam turns that into `adam_gap`; each run rounds the
         # weight once per step
         bound = tolerances.adam_gap(grads[name], [rtol * g.abs().max() for g in grads[name]], LR)
@@ -140,8 +182,8 @@ def test_two_steps_match_the_token_classifier_oracle(model_path, strategy):
         tolerances.assert_within(state[own], value, bound, msg=name)
 
 
-def test_export_loads_as_a_token_classifier_and_a_checkpoint_resumes_exactly(model_path, strategy, tmp_path):
-    critic = _critic(model_path, strategy)
+def test_export_loads_as_a_token_classifier_and_a_checkpoint_resumes_exactly(model_path, strategy, lora, tmp_path):
+    critic = _critic(model_path, strategy, lora)
     batch = _batch()
     normalizer = LossNormalizer.from_counts("token_mean", int(batch.loss_mask.sum()), 3)
 
@@ -153,15 +195,21 @@ def test_export_loads_as_a_token_classifier_and_a_checkpoint_resumes_exactly(mod
 
     step()
     folder = str(tmp_path / "export")
-    save_hf_checkpoint(model_path, critic.full_state_dict(), folder, critic=True)
+    save_hf_checkpoint(model_path, critic.full_state_dict(), folder, critic=True)  # a LoRA critic's merged
     loaded = AutoModelForTokenClassification.from_pretrained(folder, dtype=torch.float32).eval()
     want = critic.values(batch)
     got = _oracle_values(loaded, batch).detach()
-    tolerances.assert_within(got, want, _rtol(loaded.config, batch) * float(want.abs().max()), msg="exported")
+    tolerances.assert_within(got, want, _rtol(loaded.config, batch, lora) * float(want.abs().max()), msg="exported")
     path = str(tmp_path / "ckpt")
     critic.save_checkpoint(path)
+    converted = type(critic).checkpoint_weights(path, model_path)  # what `rl.launch.convert --model=critic` reads
+    exported = load_file(os.path.join(folder, "model.safetensors"))
+    assert {n.replace("lm_head.", "score.") for n in converted} >= exported.keys()
+    for name, value in converted.items():
+        if name.replace("lm_head.", "score.") in exported:  # merged in float32 alike: the same rounding
+            assert torch.equal(value, exported[name.replace("lm_head.", "score.")]), name
     continued = [step(), step()]
-    resumed = _critic(model_path, strategy)
+    resumed = _critic(model_path, strategy, lora)
     resumed.load_checkpoint(path)
     critic = resumed
     assert [step(), step()] == continued, "resumed from the checkpoint, the same steps give the same losses"

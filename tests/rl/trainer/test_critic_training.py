@@ -1,14 +1,16 @@
 """PPO with a critic (`advantage_estimator=gae`) end to end through the real launcher: the same steps on every
-strategy, and the critic's warm-up.
+strategy and placement, the critic's warm-up, and a LoRA critic.
 
-Parity: fsdp on 2 workers, DeepSpeed ZeRO-3 on 2 workers and megatron with TP=2 run the steps of fsdp2 on one worker
-(two PPO epochs per batch, a critic trained beside the policy): the same rewards, losses, value losses and gradient
-norms up to summation order, and policy and critic exports within Adam's bounds of the reference's
-(`tests.testing.parity`). The critic's lr is raised so that its weights move far beyond those bounds.
-Warm-up: with `trainer.critic_warmup=2` the first two steps train the critic only: no policy loss is logged and the
-exported policy is the starting model bit for bit. The same run's last checkpoint, converted with
-`rl.launch.convert --model=critic`, is its critic export bit for bit; a run resumed from its step-2 checkpoint (policy
-and critic) logs the uninterrupted run's step 3 to the last bit.
+Parity: fsdp on 2 workers, DeepSpeed ZeRO-3 on 2 workers, megatron with TP=2, and fsdp2 with the critic on 2 workers
+of its own (`colocate_all=false`, the engine on a core of its own) run the steps of fsdp2 on one worker (two PPO
+epochs per batch, a critic trained beside the policy): the same rewards, losses, value losses and gradient norms up
+to summation order, and policy and critic exports within Adam's bounds of the reference's (`tests.testing.parity`).
+The critic's lr is raised so that its weights move far beyond those bounds.
+Warm-up, with a LoRA critic: with `trainer.critic_warmup=2` the first two steps train the critic only: no policy
+loss is logged and the exported policy is the starting model bit for bit. The same run's last checkpoint (the
+critic's adapters and value head), converted with `rl.launch.convert --model=critic`, is its critic export (merged)
+bit for bit; a run resumed from its step-2 checkpoint logs the uninterrupted run's step 3 to the last bit; megatron
+with TP=2 takes the same steps (value losses, values and gradient norms up to summation order).
 """
 
 import os
@@ -42,7 +44,12 @@ LAYOUTS = {
     "fsdp-2w": ("fsdp", 2, True, GAE),
     "deepspeed-2w-zero3": ("deepspeed", 2, True, (*GAE, "deepspeed_config.train.zero_optimization.stage=3")),
     "megatron-2w-tp2": ("megatron", 2, True, (*GAE, "trainer.policy.megatron_config.tensor_model_parallel_size=2")),
+    "fsdp2-critic-group-2w": ("fsdp2", 1, True, (*GAE, "trainer.placement.colocate_all=false",
+                                                 "trainer.placement.critic_num_gpus_per_node=2")),
 }
+CRITIC_LORA = ("trainer.critic.model.lora.rank=4", "trainer.critic.model.lora.alpha=8",
+               "trainer.critic.model.lora.target_modules=[q_proj,v_proj,down_proj]")
+CRITIC_METRICS = ("vf_loss", "values_mean", "critic_grad_norm", "explained_variance")
 
 
 @pytest.fixture(scope="module")
@@ -77,13 +84,33 @@ def test_every_strategy_takes_the_reference_steps(job, reference, tmp_path, name
                                        msg=f"{name} critic")
 
 
-def test_warm_up_trains_the_critic_alone(job, tmp_path):
-    run_dir = str(tmp_path / "run")
-    overrides = [*job.overrides(steps=3), *GAE, "trainer.critic_warmup=2", "trainer.hf_save_interval=1",
-                 "trainer.ckpt_interval=1"]
-    result = run_train(run_dir, overrides)
+def _warm_up_overrides(job) -> list[str]:
+    return [*job.overrides(steps=3), *GAE, *CRITIC_LORA, "trainer.critic_warmup=2", "trainer.hf_save_interval=1",
+            "trainer.ckpt_interval=1"]
+
+
+def _critic_rows(run_dir: str) -> dict[int, dict]:
+    return {row["step"]: row for row in read_metrics(f"{run_dir}/metrics.jsonl") if "vf_loss" in row}
+
+
+@pytest.fixture(scope="module")
+def warm_up(job, tmp_path_factory):
+    run_dir = str(tmp_path_factory.mktemp("warm_up"))
+    result = run_train(run_dir, _warm_up_overrides(job))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    rows = {row["step"]: row for row in read_metrics(f"{run_dir}/metrics.jsonl") if "vf_loss" in row}
+    return run_dir
+
+
+def _converted_critic(run_dir: str, step: int, out: str) -> tuple[dict, dict]:
+    """(the checkpoint's critic converted by `rl.launch.convert --model=critic`, the critic's export) of `step`."""
+    training_checkpoint_to_hf(f"{run_dir}/checkpoints/global_step_{step}", out, None, None, model="critic")
+    exported = load_file(os.path.join(run_dir, "exports", "critic", f"global_step_{step}", "model.safetensors"))
+    return load_file(os.path.join(out, "model.safetensors")), exported
+
+
+def test_warm_up_trains_the_critic_alone(job, warm_up, tmp_path):
+    run_dir, overrides = warm_up, _warm_up_overrides(job)
+    rows = _critic_rows(run_dir)
     assert sorted(rows) == [1, 2, 3]
     assert "pg_loss" not in rows[1] and "pg_loss" not in rows[2] and "pg_loss" in rows[3]
     start = initial_weights(job)
@@ -93,16 +120,39 @@ def test_warm_up_trains_the_critic_alone(job, tmp_path):
             assert torch.equal(tensor, start[name]), f"step {step}: the policy's {name} moved during the warm-up"
     last = load_file(os.path.join(run_dir, "exports", "global_step_3", "model.safetensors"))
     assert any(not torch.equal(tensor, start[name]) for name, tensor in last.items()), "step 3 trains the policy"
-    converted = str(tmp_path / "critic")
-    training_checkpoint_to_hf(f"{run_dir}/checkpoints/global_step_3", converted, None, None, model="critic")
-    exported = load_file(os.path.join(run_dir, "exports", "critic", "global_step_3", "model.safetensors"))
-    got = load_file(os.path.join(converted, "model.safetensors"))
+    got, exported = _converted_critic(run_dir, 3, str(tmp_path / "critic"))
     assert got.keys() == exported.keys() and all(torch.equal(got[n], t) for n, t in exported.items())
+    # the LoRA critic trained its adapters (merged into the layers they target) and its head, nothing else
+    first = load_file(os.path.join(run_dir, "exports", "critic", "global_step_1", "model.safetensors"))
+    moved = {name for name, tensor in exported.items() if not torch.equal(tensor, first[name])}
+    assert "score.weight" in moved and any("q_proj" in name for name in moved)
+    assert all(name.startswith("score.") or name.endswith(("q_proj.weight", "v_proj.weight", "down_proj.weight"))
+               for name in moved), sorted(moved)
     resumed_dir = str(tmp_path / "resumed")
     shutil.copytree(f"{run_dir}/checkpoints/global_step_2", f"{resumed_dir}/checkpoints/global_step_2")
     result = run_train(resumed_dir, [*overrides, "trainer.resume_mode=latest"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    resumed = [row for row in read_metrics(f"{resumed_dir}/metrics.jsonl") if "vf_loss" in row]
+    resumed = list(_critic_rows(resumed_dir).values())
     assert [row["step"] for row in resumed] == [3]
-    for key in ("vf_loss", "values_mean", "critic_grad_norm", "explained_variance", "loss", "grad_norm"):
+    for key in (*CRITIC_METRICS, "loss", "grad_norm"):
         assert resumed[0][key] == rows[3][key], key
+
+
+def test_a_lora_critic_under_megatron_takes_the_same_steps(job, warm_up, tmp_path):
+    run_dir = str(tmp_path / "megatron")
+    result = run_train(run_dir, [*_warm_up_overrides(job), "trainer.strategy=megatron",
+                                 "trainer.placement.policy_num_gpus_per_node=2",
+                                 "trainer.policy.megatron_config.tensor_model_parallel_size=2"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    want, got = _critic_rows(warm_up), _critic_rows(run_dir)
+    assert sorted(got) == sorted(want) == [1, 2, 3]
+    for step in sorted(want):  # steps 2 and 3 see the critic the earlier steps trained
+        assert got[step]["reward_mean"] == want[step]["reward_mean"]
+        for key in (*CRITIC_METRICS, *(("loss", "grad_norm") if step == 3 else ())):
+            assert got[step][key] == pytest.approx(want[step][key], rel=1e-4, abs=1e-6), f"step {step} {key}"
+    # megatron's export merges each TP shard, the conversion the whole gathered adapters: float32 rounding apart
+    converted, exported = _converted_critic(run_dir, 3, str(tmp_path / "critic"))
+    assert converted.keys() == exported.keys()
+    for name, tensor in exported.items():
+        bound = 4 * tolerances.unit_roundoff(torch.float32) * (tensor.abs().max().item() + 1e-30)
+        tolerances.assert_within(converted[name], tensor, bound, msg=name)

@@ -151,3 +151,22 @@ def test_slots_and_bundle_order():
     # bundles on two nodes, interleaved as Ray may place them: each node's bundles become consecutive ranks
     assert bundle_order(["n2", "n1", "n2", "n1"]) == [0, 2, 1, 3]
     assert bundle_order(["n1"] * 4) == [0, 1, 2, 3]
+
+
+def test_a_critic_has_workers_of_its_own_only_with_colocate_all_false():
+    """SkyRL's placement of the critic: on the policy's devices with colocate_all=true, on `critic_num_nodes` x
+    `critic_num_gpus_per_node` devices of its own (null: the policy's) with colocate_all=false; the slots count them."""
+    gae = ["trainer.algorithm.advantage_estimator=gae", "trainer.placement.policy_num_gpus_per_node=2"]
+    colocated = make_plan(load_config(overrides=gae), gpu=True, cores=8)
+    assert (colocated.critic_workers, colocated.slots) == (0, 2)
+    apart = make_plan(load_config(overrides=[*gae, "trainer.placement.colocate_all=false"]), gpu=True, cores=8)
+    assert (apart.critic_nodes, apart.critic_per_node, apart.slots) == (1, 2, 2 + 2 + 1)  # policy, critic, engine
+    sized = make_plan(load_config(overrides=[*gae, "trainer.placement.colocate_all=false",
+                                             "trainer.placement.critic_num_gpus_per_node=4"]), gpu=True, cores=8)
+    assert (sized.critic_workers, sized.training_workers) == (4, 6)
+    grpo = make_plan(load_config(overrides=["trainer.placement.colocate_all=false"]), gpu=True, cores=8)
+    assert grpo.critic_workers == 0  # no critic without gae
+    assert fit_problems(load_config(overrides=[*gae, "trainer.placement.colocate_all=false",
+                                               "trainer.placement.critic_num_nodes=2"]), 0, 8, remote=False) == [
+        "trainer.placement.critic_num_nodes: 2 nodes need a Ray cluster of that many nodes, and this run would start "
+        "a one-node Ray of its own; start the cluster (examples/multinode) and pass --ray_address, or set it to 1"]
