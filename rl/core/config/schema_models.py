@@ -102,7 +102,7 @@ class RefModelConfig:
     """null: the policy's starting weights (`trainer.policy.model.path`). Any other model with the policy's
     tokenizer (refused at load otherwise) makes the KL terms pull towards it: a teacher for on-policy distillation
     (SkyRL's recipe: `advantage_estimator=no_op`, `policy_loss_type=importance_sampling`, `use_kl_in_reward=true`).
-    `embedded_teacher` builds the embedded task's teacher: the embedded model warmed up longer on careful
+    `embedded_teacher` builds the embedded task's teacher: the embedded model warmed up four times as long on careful
     demonstrations, which carries where the embedded student forgets to."""
 
 
