@@ -6,11 +6,11 @@ of its own (`colocate_all=false`, the engine on a core of its own) run the steps
 epochs per batch, a critic trained beside the policy): the same rewards, losses, value losses and gradient norms up
 to summation order, and policy and critic exports within Adam's bounds of the reference's (`tests.testing.parity`).
 The critic's lr is raised so that its weights move far beyond those bounds.
-Warm-up, with a LoRA critic: with `trainer.critic_warmup=2` the first two steps train the critic only: no policy
+Warm-up, with a LoRA critic on a group of its own: with `trainer.critic_warmup=2` the first two steps train the critic only: no policy
 loss is logged and the exported policy is the starting model bit for bit. The same run's last checkpoint (the
 critic's adapters and value head), converted with `rl.launch.convert --model=critic`, is its critic export (merged)
-bit for bit; a run resumed from its step-2 checkpoint logs the uninterrupted run's step 3 to the last bit; megatron
-with TP=2 takes the same steps (value losses, values and gradient norms up to summation order).
+bit for bit; a run resumed from its step-2 checkpoint (the policy's part from the policy's workers, the critic's
+from the critic's) logs the uninterrupted run's step 3 to the last bit; megatron with TP=2 takes the same steps (value losses, values and gradient norms up to summation order).
 """
 
 import os
@@ -85,8 +85,9 @@ def test_every_strategy_takes_the_reference_steps(job, reference, tmp_path, name
 
 
 def _warm_up_overrides(job) -> list[str]:
+    """A LoRA critic on a group of its own (as many workers as the policy: colocate_all=false)."""
     return [*job.overrides(steps=3), *GAE, *CRITIC_LORA, "trainer.critic_warmup=2", "trainer.hf_save_interval=1",
-            "trainer.ckpt_interval=1"]
+            "trainer.ckpt_interval=1", "trainer.placement.colocate_all=false"]
 
 
 def _critic_rows(run_dir: str) -> dict[int, dict]:
@@ -98,6 +99,7 @@ def warm_up(job, tmp_path_factory):
     run_dir = str(tmp_path_factory.mktemp("warm_up"))
     result = run_train(run_dir, _warm_up_overrides(job))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "the critic on 1 worker(s) of its own (1 x 1)" in result.stdout
     return run_dir
 
 
@@ -140,9 +142,11 @@ def test_warm_up_trains_the_critic_alone(job, warm_up, tmp_path):
 
 def test_a_lora_critic_under_megatron_takes_the_same_steps(job, warm_up, tmp_path):
     run_dir = str(tmp_path / "megatron")
+    # colocated (the critic on the policy's workers, the engine in the driver): the placement changes no number
     result = run_train(run_dir, [*_warm_up_overrides(job), "trainer.strategy=megatron",
                                  "trainer.placement.policy_num_gpus_per_node=2",
-                                 "trainer.policy.megatron_config.tensor_model_parallel_size=2"])
+                                 "trainer.policy.megatron_config.tensor_model_parallel_size=2",
+                                 "trainer.placement.colocate_all=true"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     want, got = _critic_rows(warm_up), _critic_rows(run_dir)
     assert sorted(got) == sorted(want) == [1, 2, 3]
