@@ -56,4 +56,6 @@ def make_engine(cfg, model_path: str, tokenizer, placement: Placement):
                       own_process=True)  # each engine actor holds its engine for its life
     # engines of their own, or sharing the workers' devices (sleep mode frees them while the workers train)
     options = placement.engine_options if placement.plan.engines else placement.colocated_engine_options
-    return RemoteEngines(gen.backend, model_path, gen.num_inference_engines, kwargs, options)
+    asynchronous = cfg.trainer.fully_async
+    return RemoteEngines(gen.backend, model_path, gen.num_inference_engines, kwargs, options,
+                         asynchronous.partial_rollout_tokens if asynchronous.enabled else 0)

@@ -2,10 +2,15 @@
 `trainer.placement.colocate_all=false`): `generator.num_inference_engines` of them, the prompts of a call split
 evenly between them, and the weights sent to them by the training workers in buckets (`rl.trainer.weight_sync`:
 by handle from the ranks on their devices, or from rank 0), never through the driver. Calls can be started and
-collected later (`submit`/`collect`), which is how generation overlaps training (`rl.trainer.rollout_queue`)."""
+collected later (`submit`/`collect`), which is how generation overlaps training (`rl.trainer.rollout_queue`).
+
+With partial rollouts (`trainer.fully_async.partial_rollout_tokens` > 0) an engine actor generates in segments
+(`rl.core.generation.segments`) on a thread of its own, and takes weight updates on another: an update waits for
+the segment in progress, and the next segment waits for the update, so new weights land mid-call."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -16,16 +21,20 @@ from rl.backends.lifeline import exit_with_parent
 from rl.core.generation import GenerationEngine, Rollout, SamplingParams, build_engine
 from rl.trainer.waiting import wait_all
 
+GENERATE = "generate"  # the engine actor's concurrency group for generation, with partial rollouts
+
 
 class EngineActor:
     """One engine of `GENERATION_ENGINES`, built in the actor. It counts the weight updates it has received (the
     policy version its rollouts come from) and refuses to generate in the middle of one."""
 
-    def __init__(self, name: str, model_path: str, kwargs: dict[str, Any]):
+    def __init__(self, name: str, model_path: str, kwargs: dict[str, Any], segment_tokens: int = 0):
         exit_with_parent()
         self.cores = pin_to_assigned_cores()
         self.engine = build_engine(name, model_path, model_path, **kwargs)
-        self.version, self.updating = 0, False
+        self.version, self.updating, self.generating, self.update_waiting = 0, False, False, False
+        self.segment_tokens, self.segments_run = segment_tokens, 0
+        self.turn = threading.Condition()  # orders segments and updates when they arrive on two threads
 
     def where(self) -> str:
         import os
@@ -38,19 +47,46 @@ class EngineActor:
         return f"{socket.gethostname()} node {node} pid {os.getpid()} ({self.engine.device}{cores})"
 
     def generate_versioned(self, prompts: list[list[int]], params: SamplingParams) -> tuple[int, list[Rollout]]:
-        """(the policy version of the weights used, the rollouts)."""
-        if self.updating:
-            raise RuntimeError("generate called in the middle of a weight update (the driver must order them)")
-        return self.version, self.engine.generate(prompts, params)
+        """(the oldest policy version of the weights used, the rollouts)."""
+        if not self.segment_tokens:
+            if self.updating:
+                raise RuntimeError("generate called in the middle of a weight update (the driver must order them)")
+            return self.version, self.engine.generate(prompts, params)
+        from rl.core.generation.segments import generate_in_segments
+
+        decode = lambda ids: self.engine.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        return generate_in_segments(self._segment, prompts, params, self.segment_tokens, decode)
+
+    def _segment(self, prompts: list[list[int]], params: SamplingParams) -> tuple[int, list[Rollout]]:
+        """One segment, once no update is in progress; updates wait for it to end."""
+        with self.turn:
+            self.turn.wait_for(lambda: not (self.updating or self.update_waiting))
+            self.generating, version = True, self.version
+        try:
+            return version, self.engine.generate(prompts, params)
+        finally:
+            with self.turn:
+                self.generating, self.segments_run = False, self.segments_run + 1
+                self.turn.notify_all()
+
+    def segments_done(self) -> int:
+        """How many segments this engine has generated (partial rollouts)."""
+        return self.segments_run
 
     def begin_update(self) -> None:
-        self.updating = True
+        """From the segment in progress (if any) to `finish_update`, no segment starts."""
+        with self.turn:
+            self.update_waiting = True  # the next segment waits, so an update is never starved by a long call
+            self.turn.wait_for(lambda: not self.generating)
+            self.updating, self.update_waiting = True, False
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         self.engine.update_weights(named_tensors)
 
     def finish_update(self, version: int) -> None:
-        self.version, self.updating = version, False
+        with self.turn:
+            self.version, self.updating = version, False
+            self.turn.notify_all()
 
     def device_keys(self) -> list[str]:
         """The device of each of the engine's workers, in worker-rank order (`shared_weights.device_key`)."""
@@ -87,12 +123,15 @@ class RemoteEngines(GenerationEngine):
     """The driver's view of the engine actors: one `GenerationEngine` whose calls fan out to all of them."""
 
     def __init__(self, name: str, model_path: str, count: int, kwargs: dict[str, Any],
-                 options: Callable[[int], dict[str, Any]]):
-        """`options(i)`: the Ray actor options that place engine i (`rl.trainer.placement`)."""
+                 options: Callable[[int], dict[str, Any]], segment_tokens: int = 0):
+        """`options(i)`: the Ray actor options that place engine i (`rl.trainer.placement`); `segment_tokens` > 0:
+        partial rollouts, generation on a thread of its own (the actor's `generate` concurrency group)."""
         import ray
 
-        actor = ray.remote(EngineActor)
-        self.actors = [actor.options(**options(i)).remote(name, model_path, kwargs) for i in range(count)]
+        self.segmented = segment_tokens > 0
+        actor = ray.remote(concurrency_groups={GENERATE: 1})(EngineActor) if self.segmented else ray.remote(EngineActor)
+        self.actors = [actor.options(**options(i)).remote(name, model_path, kwargs, segment_tokens)
+                       for i in range(count)]
         self.places = ray.get([a.where.remote() for a in self.actors])
         self.device = ", ".join(f"engine {i}: {place}" for i, place in enumerate(self.places))
         self.timeout_s: float | None = None  # trainer.actor_call_timeout_s
@@ -119,8 +158,12 @@ class RemoteEngines(GenerationEngine):
         (first prompt index, pending result) per share."""
         share = -(-len(prompts) // len(self.actors))
         starts = list(range(0, len(prompts), share)) if prompts else []
-        return [(start, actor.generate_versioned.remote(prompts[start:start + share], params))
+        return [(start, self._generate_call(actor).remote(prompts[start:start + share], params))
                 for actor, start in zip(self.actors, starts, strict=False)]
+
+    def _generate_call(self, actor):
+        method = actor.generate_versioned
+        return method.options(concurrency_group=GENERATE) if self.segmented else method
 
     def collect(self, pending: list[tuple[int, Any]]) -> tuple[list[int], list[Rollout]]:
         """Waits for a submitted call: (each share's policy version, the rollouts in prompt-major order with the
@@ -135,7 +178,8 @@ class RemoteEngines(GenerationEngine):
         return versions, rollouts
 
     def begin_update(self) -> None:
-        """Waits for the calls already submitted to finish, then marks every engine as being updated."""
+        """Waits for the calls already submitted to finish (with partial rollouts: for their segments in
+        progress), then marks every engine as being updated."""
         self.wait([a.begin_update.remote() for a in self.actors])
 
     def finish_update(self, version: int) -> None:

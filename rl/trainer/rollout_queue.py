@@ -68,9 +68,20 @@ class RolloutQueue:
                 break
             dropped += len(rollouts)  # older than the bound: generate these prompts again with current weights
             queued.pending = self.engines.submit(queued.prompts, queued.params)
-        return queued.batch, rollouts, {"policy_lag": float(lag), "stale_dropped": float(dropped),
-                                        "queue_wait_s": time.perf_counter() - started,
-                                        "queued_batches": float(len(self.queue))}
+        row = {"policy_lag": float(lag), "stale_dropped": float(dropped), "queue_wait_s": time.perf_counter() - started,
+               "queued_batches": float(len(self.queue))}
+        return queued.batch, rollouts, {**row, **partial_rollout_metrics(rollouts, step)}
 
     def weights_updated(self, version: int) -> None:
         self.engine_version = version
+
+
+def partial_rollout_metrics(rollouts: list, step: int) -> dict[str, float]:
+    """With partial rollouts: the share of responses whose tokens come from more than one policy version, and the
+    mean lag of a token's version behind the policy trained at `step` (which has had step - 1 updates)."""
+    versions = [r.token_versions for r in rollouts if r.token_versions is not None]
+    if not versions:
+        return {}
+    tokens = [v for per_token in versions for v in per_token]
+    return {"partial_responses": sum(len(set(v)) > 1 for v in versions) / len(versions),
+            "token_lag_mean": (step - 1) - sum(tokens) / len(tokens) if tokens else 0.0}

@@ -286,6 +286,9 @@ BAD = {
                                                      "generator.weight_sync_backend", ("runs in the driver",)),
     "negative_staleness": Bad(["trainer.fully_async.max_staleness_steps=-1"],
                               "trainer.fully_async.max_staleness_steps", (">= 0",)),
+    "partial_rollouts_without_async": Bad(["trainer.fully_async.partial_rollout_tokens=8"],
+                                          "trainer.fully_async.partial_rollout_tokens",
+                                          ("only trainer.fully_async.enabled=true does",)),
     "token_budget_below_longest_sequence": Bad(
         ["trainer.max_tokens_per_micro_batch=100", "generator.max_prompt_length=64",
          "generator.max_generate_length=64"],

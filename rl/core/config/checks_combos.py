@@ -107,6 +107,11 @@ def check_colocation(cfg: Config, problems: Problems) -> None:
             "is true, but with trainer.placement.colocate_all=true the engines share the workers' devices and wait "
             "for them; set trainer.placement.colocate_all=false to give the engines devices of their own",
         )
+    if cfg.trainer.fully_async.partial_rollout_tokens and not cfg.trainer.fully_async.enabled:
+        problems.add("trainer.fully_async.partial_rollout_tokens",
+                     f"is {cfg.trainer.fully_async.partial_rollout_tokens}, but partial rollouts take weights pushed "
+                     "while the engines generate ahead, which only trainer.fully_async.enabled=true does; set it to "
+                     "0 or enable trainer.fully_async")
 
 
 def check_off_policy_bounds(cfg: Config, problems: Problems) -> None:

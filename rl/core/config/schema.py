@@ -93,6 +93,13 @@ class FullyAsyncConfig:
     """How many policy updates a trained-on rollout may lag behind: 0 is the synchronous schedule (same results),
     1 is veRL's one-step off-policy, larger values let the engines run further ahead."""
 
+    partial_rollout_tokens: int
+    """0: an engine takes new weights between whole calls (a push waits for the call in progress). N > 0: partial
+    rollouts: engines generate N tokens per segment and a push lands at the next segment boundary; open responses
+    go on from their sampled tokens under the new weights, every token keeps the policy version that sampled it
+    (its logprobs are its own behaviour policy's for the off-policy correction) and the staleness bound holds for
+    the oldest token. Needs `enabled`."""
+
 
 @dataclass(kw_only=True)
 class TrainerConfig:

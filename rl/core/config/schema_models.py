@@ -133,8 +133,9 @@ class CriticModelConfig:
 class CriticConfig:
     """The value model of `trainer.algorithm.advantage_estimator=gae` (SkyRL's `trainer.critic` block): the
     backbone of a causal LM with a one-output value head, trained by the run's strategy on the policy's workers
-    (`trainer.placement.colocate_all=true`) or on a group of its own (`colocate_all=false`). Its strategy settings are `trainer.critic.fsdp_config` (fsdp, fsdp2); deepspeed and megatron train it with
-    the policy's blocks (`deepspeed_config.train`, `trainer.policy.megatron_config`)."""
+    (`trainer.placement.colocate_all=true`) or on a group of its own (`colocate_all=false`). Its strategy
+    settings are `trainer.critic.fsdp_config` (fsdp, fsdp2); deepspeed and megatron train it with the policy's
+    blocks (`deepspeed_config.train`, `trainer.policy.megatron_config`)."""
 
     model: CriticModelConfig
     """The critic's weights."""

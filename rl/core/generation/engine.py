@@ -91,6 +91,9 @@ class Rollout:
             (vllm reports `rollout_logprobs`).
         finish_reason: "stop" when a stop token ended the response, "length" when `max_new_tokens` did.
         response_text: `response_ids` decoded with special tokens skipped.
+        token_versions: per response token, the policy version of the weights that sampled it, where a response
+            was generated in segments between which new weights could land (`segments`); None otherwise (the call's
+            version holds for every token).
     """
 
     prompt_index: int
@@ -101,6 +104,7 @@ class Rollout:
     raw_logprobs: list[float] | None
     finish_reason: FinishReason
     response_text: str = ""
+    token_versions: list[int] | None = None
 
 
 class GenerationEngine(abc.ABC):

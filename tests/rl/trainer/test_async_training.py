@@ -90,8 +90,9 @@ def _positions_after_each_batch(job, steps: int) -> list[tuple[int, int]]:
 
 def test_rollouts_never_lag_more_than_the_bound(job, tmp_path):
     """Bound 2 (bound 1 is the embedded default's run below), set with NeMo RL's keys (`grpo.async_grpo.*`); the
-    resumed run sets it with ours. Also: a checkpoint saves the data position after the last trained batch, not
-    after the queued ones, and a run resumed from one regenerates the queue from the restored weights."""
+    resumed run sets it with ours, with partial rollouts (segments of 4 tokens: the bound holds for every token).
+    Also: a checkpoint saves the data position after the last trained batch, not after the queued ones, and a run
+    resumed from one regenerates the queue from the restored weights."""
     bound = 2
     run_dir = str(tmp_path / f"async{bound}")
     rows, _ = _run(job, run_dir, [*_nemo_asynchronous(bound), "trainer.ckpt_interval=1"])
@@ -103,12 +104,15 @@ def test_rollouts_never_lag_more_than_the_bound(job, tmp_path):
     assert [(state["epoch"], state["index"]) for state in saved] == _positions_after_each_batch(job, STEPS)
     result = run_train(run_dir, [*job.overrides(steps=STEPS), "data.reward_fn=gsm8k_flexible",
                                  "trainer.algorithm.use_entropy_loss=true", *_asynchronous(bound),
+                                 "trainer.fully_async.partial_rollout_tokens=4",
                                  f"trainer.resume_mode={checkpoint.step_dir(root, 2)}"])
     assert result.returncode == 0, result.stderr[-5000:]
     resumed = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     assert [row["step"] for row in resumed] == list(range(1, STEPS + 1)), "each step once"
     assert resumed[:2] == rows[:2], "the steps before the checkpoint stay as they were"
     assert [row["policy_lag"] for row in resumed[2:]] == [0, 1], "the queue starts again from step 3"
+    for row in resumed[2:]:  # every token within the bound; responses split between versions are counted
+        assert 0 <= row["token_lag_mean"] <= row["policy_lag"] and 0 <= row["partial_responses"] <= 1
 
 
 def test_embedded_default_learns_asynchronously(tmp_path):

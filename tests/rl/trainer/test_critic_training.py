@@ -6,11 +6,12 @@ of its own (`colocate_all=false`, the engine on a core of its own) run the steps
 epochs per batch, a critic trained beside the policy): the same rewards, losses, value losses and gradient norms up
 to summation order, and policy and critic exports within Adam's bounds of the reference's (`tests.testing.parity`).
 The critic's lr is raised so that its weights move far beyond those bounds.
-Warm-up, with a LoRA critic on a group of its own: with `trainer.critic_warmup=2` the first two steps train the critic only: no policy
-loss is logged and the exported policy is the starting model bit for bit. The same run's last checkpoint (the
-critic's adapters and value head), converted with `rl.launch.convert --model=critic`, is its critic export (merged)
-bit for bit; a run resumed from its step-2 checkpoint (the policy's part from the policy's workers, the critic's
-from the critic's) logs the uninterrupted run's step 3 to the last bit; megatron with TP=2 takes the same steps (value losses, values and gradient norms up to summation order).
+Warm-up, with a LoRA critic on a group of its own: with `trainer.critic_warmup=2` the first two steps train the
+critic only: no policy loss is logged and the exported policy is the starting model bit for bit. The same run's last
+checkpoint (the critic's adapters and value head), converted with `rl.launch.convert --model=critic`, is its critic
+export (merged) bit for bit; a run resumed from its step-2 checkpoint (the policy's part from the policy's workers,
+the critic's from the critic's) logs the uninterrupted run's step 3 to the last bit; megatron with TP=2 takes the
+same steps (value losses, values and gradient norms up to summation order).
 """
 
 import os
