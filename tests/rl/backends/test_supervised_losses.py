@@ -1,5 +1,6 @@
-"""One SFT step and one DPO step (sigmoid and IPO, with an SFT term) on fsdp2, fsdp, DeepSpeed (ZeRO-2) in one
-process and megatron with TP=2 (two gloo processes), against a plain-torch oracle written here from the formulas:
+"""One SFT step and one DPO step (sigmoid and IPO, with an SFT term) on fsdp2, fsdp, DeepSpeed (ZeRO-2 and ZeRO-3)
+in one process, and on two gloo processes sharing one data shard (megatron with TP=2, megatron with PP=2, fsdp2 with
+Ulysses sequence parallelism over both), against a plain-torch oracle written here from the formulas:
 
 - SFT: mean over the assistant tokens of -log p(token | earlier tokens), each sequence alone through transformers;
 - DPO (Rafailov et al. 2023, eq. 7): -log sigmoid(beta * ((log pi(y_w) - log pi_ref(y_w)) - (log pi(y_l) -
@@ -7,8 +8,8 @@ process and megatron with TP=2 (two gloo processes), against a plain-torch oracl
   eq. 17): ((h_w - h_l) - 1 / (2 beta))^2; plus sft_loss_weight * the chosen response's mean token NLL.
 
 The reference logprobs come from a second random model (so the margin is not 0), given to both sides. Loss, grad
-norm and the weights after one AdamW step (fsdp2, fsdp, ZeRO-2), or loss, grad norm and every gradient (megatron
-TP=2), agree within float32 rounding of the same sums in other orders (`tests.testing.tolerances`)."""
+norm and the weights after one AdamW step (one process), or loss, grad norm and every gradient (two), agree within
+float32 rounding of the same sums in other orders (`tests.testing.tolerances`)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ LOSSES = {
     "dpo-sigmoid": DpoLossSettings(beta=0.5, loss_type="sigmoid", sft_loss_weight=0.3, sft_average_log_probs=True),
     "ipo": DpoLossSettings(beta=0.5, loss_type="ipo"),
 }
-STRATEGIES = {"fsdp2": ("fsdp2", None), "fsdp": ("fsdp", None), "zero2": ("deepspeed", None)}
+STRATEGIES = {"fsdp2": ("fsdp2", None), "fsdp": ("fsdp", None), "zero2": ("deepspeed", None),
+              "zero3": ("deepspeed", {"zero_optimization": {"stage": 3}})}
 
 
 def _sequences(kind: str) -> list[dict]:
@@ -195,47 +197,57 @@ def test_one_step_matches_the_formula_oracle(model_path, ref_logprobs, strategy,
         tolerances.assert_within(state[n], value, bound, msg=f"{strategy} {name} {n}")
 
 
-def _megatron_worker(rank, world, port, model_path, ref, out):
+# two ranks sharing one data shard: (strategy, its options, Ulysses sequence-parallel size)
+TWO_RANK_LAYOUTS = {"megatron-tp2": ("megatron", {"tensor_model_parallel_size": 2}, 1),
+                    "megatron-pp2": ("megatron", {"pipeline_model_parallel_size": 2}, 1),
+                    "fsdp2-ulysses2": ("fsdp2", None, 2)}
+
+
+def _two_rank_worker(rank, world, port, model_path, ref, out):
     torch.set_num_threads(1)
     info = init_distributed(rank, world, "127.0.0.1", port)
     results = {}
-    for name in LOSSES:
-        spec = ModelSpec(path=model_path, role="policy", temperature=1.0, lr=LR, max_grad_norm=1e9,
-                         backend_options={"tensor_model_parallel_size": 2})
-        backend = build_backend("megatron", spec, info)
-        batch, seqs = _batch(name, ref)
-        metrics = backend.train_micro_batches([batch], LOSSES[name], _normalizer(seqs))
-        norm = backend.clip_grad_norm()
-        grads = _full_grads(backend, "megatron")
-        everyone: list = [None] * world
-        dist.all_gather_object(everyone, metrics)
-        results[name] = {"metrics": next(m for m in everyone if m is not None), "grads": grads, "norm": norm}
-        from megatron.core import parallel_state
+    for layout, (strategy, options, ulysses) in TWO_RANK_LAYOUTS.items():
+        for name in LOSSES:
+            spec = ModelSpec(path=model_path, role="policy", temperature=1.0, lr=LR, max_grad_norm=1e9,
+                             backend_options=options, sequence_parallel_size=ulysses, bf16=False)
+            backend = build_backend(strategy, spec, info)
+            batch, seqs = _batch(name, ref)
+            metrics = backend.train_micro_batches([batch], LOSSES[name], _normalizer(seqs))
+            norm = backend.clip_grad_norm()
+            grads = _full_grads(backend, strategy)
+            everyone: list = [None] * world
+            dist.all_gather_object(everyone, metrics)
+            results[layout, name] = {"metrics": next(m for m in everyone if m is not None), "grads": grads,
+                                     "norm": norm}
+            if strategy == "megatron":
+                from megatron.core import parallel_state
 
-        parallel_state.destroy_model_parallel()
+                parallel_state.destroy_model_parallel()
     if rank == 0:
         torch.save(results, out)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def test_megatron_tp2_matches_the_formula_oracle(model_path, ref_logprobs):
+def test_two_ranks_of_one_shard_match_the_formula_oracle(model_path, ref_logprobs):
+    """megatron with TP=2 and with PP=2, fsdp2 with Ulysses over 2 ranks: loss, every gradient and the norm."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.pt")
-        mp.spawn(_megatron_worker, args=(2, free_port(), model_path, ref_logprobs, out), nprocs=2)
+        mp.spawn(_two_rank_worker, args=(2, free_port(), model_path, ref_logprobs, out), nprocs=2)
         results = torch.load(out, weights_only=False)
-    for name, got in results.items():
+    for (layout, name), got in results.items():
         _, seqs = _batch(name, ref_logprobs)
         loss, grads, norm, _ = _oracle_step(model_path, name, ref_logprobs)
         bound = _loss_bound(name, model_path, seqs, loss)
         rtol = _rtol(model_path, seqs)
         worst = max(float(((got["grads"][n] - g).abs().max()) / g.abs().max()) for n, g in grads.items())
-        print(f"megatron tp2 {name}: loss gap {abs(got['metrics']['loss'] - loss):.3g} bound {bound:.3g}; worst "
+        print(f"{layout} {name}: loss gap {abs(got['metrics']['loss'] - loss):.3g} bound {bound:.3g}; worst "
               f"gradient gap / max|g| {worst:.3g} (bound {rtol:.3g})")
         tolerances.assert_within(torch.tensor(got["metrics"]["loss"]), torch.tensor(loss), bound,
-                                 f"megatron {name} loss")
+                                 f"{layout} {name} loss")
         for n, grad in grads.items():
-            tolerances.assert_within(got["grads"][n], grad, rtol * float(grad.abs().max()), f"megatron {name} {n}")
+            tolerances.assert_within(got["grads"][n], grad, rtol * float(grad.abs().max()), f"{layout} {name} {n}")
         gaps = {n: rtol * float(g.abs().max()) for n, g in grads.items()}
         norm_gap = math.sqrt(sum(grads[n].numel() * gap**2 for n, gap in gaps.items())) + rtol * norm
-        tolerances.assert_within(torch.tensor(got["norm"]), torch.tensor(norm), norm_gap, f"megatron {name} norm")
+        tolerances.assert_within(torch.tensor(got["norm"]), torch.tensor(norm), norm_gap, f"{layout} {name} norm")
