@@ -1,12 +1,14 @@
 """Rollouts generated ahead of training (`trainer.fully_async`): the engines work on the next batches while the
 workers train on the current one.
 
-Batch j (the prompts of step j) is submitted to the engines once the policy version they hold, v (the number of
-updates behind their weights), satisfies (j - 1) - v <= max_staleness_steps: trained at step j, by a policy that has
-had j - 1 updates, its rollouts then lag by at most the bound. So the queue holds at most max_staleness_steps + 1
-batches, and with a bound of 0 a batch is submitted only after the previous step's weights reached the engines:
-the synchronous schedule, step for step. Every engine call reports the version it generated with; a batch found
-older than the bound (which the submission rule prevents) is dropped, counted, and generated again.
+Batch j (the j-th batch drawn, the prompts of step j unless dynamic sampling draws more than one batch for a step)
+is submitted to the engines once the policy version they hold, v (the number of updates behind their weights),
+satisfies (j - 1) - v <= max_staleness_steps: trained at step j or earlier, by a policy that has had at most j - 1
+updates, its rollouts then lag by at most the bound. So the queue holds at most max_staleness_steps + 1 batches,
+and with a bound of 0 a batch is submitted only after the previous step's weights reached the engines: the
+synchronous schedule, step for step. A step that takes more than one batch (dynamic sampling) takes the next ones
+from the queue, submitting one at once when it is empty. Every engine call reports the version it generated with; a
+batch found older than the bound (which the submission rule prevents) is dropped, counted, and generated again.
 
 The data position saved in a checkpoint is the one after the last *trained* batch: batches still in the queue are
 drawn again after a resume.
@@ -49,17 +51,21 @@ class RolloutQueue:
     def fill(self, last_step: int) -> None:
         """Submits every batch the staleness bound allows at the engines' current version."""
         while self.next_step <= last_step and (self.next_step - 1) - self.engine_version <= self.bound:
-            batch = self.draw()
-            prompts = self.encode(batch)
-            params = self.params(self.next_step)
-            self.queue.append(QueuedBatch(self.next_step, batch, prompts, params,
-                                          self.engines.submit(prompts, params)))
-            self.next_step += 1
+            self._submit()
+
+    def _submit(self) -> None:
+        batch = self.draw()
+        prompts = self.encode(batch)
+        params = self.params(self.next_step)
+        self.queue.append(QueuedBatch(self.next_step, batch, prompts, params, self.engines.submit(prompts, params)))
+        self.next_step += 1
 
     def take(self, step: int) -> tuple[PromptBatch, list, dict[str, float]]:
-        """The batch of `step` with its rollouts, and the queue's metrics for the step."""
+        """The next batch for `step` with its rollouts, and the queue's metrics for it."""
+        if not self.queue:  # a step drawing more batches than were queued ahead (dynamic sampling)
+            self._submit()
         queued = self.queue.popleft()
-        assert queued.step == step, (queued.step, step)
+        assert queued.step >= step, (queued.step, step)
         started, dropped = time.perf_counter(), 0
         while True:
             versions, rollouts = self.engines.collect(queued.pending)

@@ -369,9 +369,6 @@ BAD = {
                                         "generator.n_samples_per_prompt=1", "trainer.algorithm.advantage_estimator="
                                         "reinforce++"], "trainer.algorithm.dynamic_sampling.type",
                                        ("no groups to compare",)),
-    "dynamic_sampling_async": Bad(["trainer.algorithm.dynamic_sampling.type=replace",
-                                   "trainer.fully_async.enabled=true", "trainer.placement.colocate_all=false"],
-                                  "trainer.algorithm.dynamic_sampling.type", ("use one of the two",)),
     "overlong_band_too_long": Bad(["trainer.algorithm.overlong_buffer.len=32"], "trainer.algorithm.overlong_buffer.len",
                                   ("not below generator.max_generate_length=32",)),
     "turns_without_environment": Bad(["generator.max_turns=2"], "generator.max_turns", ("nothing answers",)),

@@ -192,9 +192,6 @@ def check_reward_shaping(cfg: Config, problems: Problems) -> None:
         problems.add("trainer.algorithm.dynamic_sampling.type", f"is {sampling}, but with "
                      "generator.n_samples_per_prompt=1 there are no groups to compare; sample >= 2 per prompt or "
                      "set it to null")
-    if sampling is not None and cfg.trainer.fully_async.enabled:
-        problems.add("trainer.algorithm.dynamic_sampling.type", f"is {sampling}, but trainer.fully_async queues "
-                     "batches ahead of the step that would draw more; use one of the two")
     band = algorithm.overlong_buffer.len
     if band >= generator.max_generate_length:
         problems.add("trainer.algorithm.overlong_buffer.len", f"is {band}, not below generator.max_generate_length="

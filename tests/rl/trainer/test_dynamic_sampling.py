@@ -1,6 +1,7 @@
-"""Dynamic sampling (DAPO's `filter`, POLARIS's `replace`) on hand-made scored batches, and through the launcher:
-a step never trains on a group whose rewards are all equal, counts what it dropped, and a run whose groups never
-differ ends naming the bound."""
+"""Dynamic sampling (DAPO's `filter`, POLARIS's `replace`) on hand-made scored batches, and through the launcher,
+synchronous and asynchronous (`trainer.fully_async`: the extra batches come from the queue): a step never trains on
+a group whose rewards are all equal, counts what it dropped, and a run whose groups never differ ends naming the
+bound."""
 
 from types import SimpleNamespace
 
@@ -86,7 +87,13 @@ def split(response, answer, index):
 """
 
 
-def test_filter_through_the_launcher(tmp_path):
+# asynchronous: a step that drops groups takes the next batches from the queue (generated ahead, within the bound)
+ASYNC = ("trainer.placement.colocate_all=false", "trainer.fully_async.enabled=true",
+         "trainer.fully_async.max_staleness_steps=1")
+
+
+@pytest.mark.parametrize("schedule", [(), ASYNC], ids=["sync", "async"])
+def test_filter_through_the_launcher(tmp_path, schedule):
     job = make_tiny_job(str(tmp_path / "job"))
     reward = tmp_path / "split.py"
     reward.write_text(SPLIT_REWARD)
@@ -96,7 +103,7 @@ def test_filter_through_the_launcher(tmp_path):
                                  "trainer.algorithm.dynamic_sampling.type=filter",
                                  "trainer.algorithm.dynamic_sampling.max_sample_batches=20",
                                  "generator.eval_n_samples_per_prompt=3", "trainer.eval_before_train=true",
-                                 "generator.eval_temperature=1.0"])
+                                 "generator.eval_temperature=1.0", *schedule])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     rows = read_metrics(f"{run_dir}/metrics.jsonl")
     assert {"val_accuracy", "val_pass@3", "val_mean@3"} <= set(rows[0])
@@ -112,6 +119,8 @@ def test_filter_through_the_launcher(tmp_path):
         # in a step that dropped any)
         assert 4 <= drawn - row["dynamic_sampling_dropped_groups"] < 4 + 4, row
     assert sum(row["dynamic_sampling_dropped_groups"] for row in steps) > 0
+    if schedule:  # every batch drawn within the staleness bound, whichever step took it
+        assert all(row["policy_lag"] <= 1 and row["stale_dropped"] == 0 for row in steps), steps
 
 
 def test_groups_that_never_differ_end_the_run_naming_the_bound(tmp_path):
