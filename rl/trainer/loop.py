@@ -82,10 +82,10 @@ class Trainer:
         self.ref_pass = ((self.ref_group, micro_batching(cfg, self.ref_group.dp_size, pad, train=False))
                          if self.ref_group is not None else None)
         # the critic's workers (the policy's, or a group of its own) and how its batches are split for them
-        critic_workers = self.critic_group or self.group
-        self.critic_pass = ((critic_workers, micro_batching(cfg, critic_workers.dp_size, pad, train=False))
+        self.critic_workers = self.critic_group or self.group
+        self.critic_pass = ((self.critic_workers, micro_batching(cfg, self.critic_workers.dp_size, pad, train=False))
                             if self.value_settings is not None else None)
-        self.critic_train_batching = micro_batching(cfg, critic_workers.dp_size, pad, train=True)
+        self.critic_train_batching = micro_batching(cfg, self.critic_workers.dp_size, pad, train=True)
         # the KL in the reward needs the policy's logprobs before the update: the old-logprob pass always runs
         self.on_policy = self.kl_in_reward is None and skips_old_logprob_pass(
             cfg, is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size,
@@ -270,7 +270,7 @@ class Trainer:
         epochs, n = trainer.update_epochs_per_batch, self.cfg.generator.n_samples_per_prompt
         if self.value_settings is not None:
             mini = (trainer.critic_mini_batch_size or trainer.policy_mini_batch_size) * n
-            critic = update_policy(self.critic_pass[0], self.critic_train_batching, self.value_settings, experience,
+            critic = update_policy(self.critic_workers, self.critic_train_batching, self.value_settings, experience,
                                    mini, epochs, model="critic")
             row.update({name if name.startswith(("vf_", "values_")) else f"critic_{name}": value
                         for name, value in critic.items() if name != "loss"})  # the loss is vf_loss
@@ -383,7 +383,7 @@ class Trainer:
         for method, path, what in exports:
             with write_faults.one_line(f"{what} of step {step}", path, path + ".partial", "trainer.export_path"):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                group = self.critic_group if method == "export_critic" and self.critic_group else self.group
+                group = self.critic_workers if method == "export_critic" else self.group
                 group.call(method, self.model_path, path)
 
 

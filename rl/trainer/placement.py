@@ -103,14 +103,14 @@ def needs_reference(cfg) -> bool:
 
 
 def make_plan(cfg, gpu: bool, cores: int) -> Plan:
-    from rl.core.config.parallel import critic_has_own_group, critic_placement, ref_placement
+    from rl.core.config.parallel import critic_has_own_group, group_placement
 
     placement, gen = cfg.trainer.placement, cfg.generator
     separate = not placement.colocate_all
     engines = gen.num_inference_engines if separate else 0
     own_ref = separate and not placement.colocate_policy_ref and needs_reference(cfg)
-    ref_nodes, ref_per_node = ref_placement(cfg) if own_ref else (0, 0)
-    critic_nodes, critic_per_node = critic_placement(cfg) if critic_has_own_group(cfg) else (0, 0)
+    ref_nodes, ref_per_node = group_placement(cfg, "ref") if own_ref else (0, 0)
+    critic_nodes, critic_per_node = group_placement(cfg, "critic") if critic_has_own_group(cfg) else (0, 0)
     colocated_engines = gen.num_inference_engines if not separate and gen.backend != "hf" else 0
     plan = Plan(nodes=placement.policy_num_nodes, per_node=placement.policy_num_gpus_per_node, engines=engines,
                 engine_devices=gen.inference_engine_tensor_parallel_size, gpu=gpu, ref_nodes=ref_nodes,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rl.core.config import choices, strategies
 from rl.core.config.errors import Problems
-from rl.core.config.parallel import parallel_sizes, ref_placement
+from rl.core.config.parallel import group_placement, parallel_sizes
 from rl.core.config.schema import Config
 
 
@@ -71,7 +71,7 @@ def check_colocation(cfg: Config, problems: Problems) -> None:
     their placements must be equal; overlapping generation with training needs engines on devices of their own."""
     placement = cfg.trainer.placement
     policy = (placement.policy_num_nodes, placement.policy_num_gpus_per_node)
-    ref = ref_placement(cfg)
+    ref = group_placement(cfg, "ref")
     fix = (f"set trainer.placement.ref_num_nodes={policy[0]} and trainer.placement.ref_num_gpus_per_node="
            f"{policy[1]} (or leave both null)")
     if placement.colocate_all and policy != ref:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rl.core.config import strategies
 from rl.core.config.errors import Problems
-from rl.core.config.parallel import critic_has_own_group, critic_placement, parallel_sizes
+from rl.core.config.parallel import critic_has_own_group, group_placement, parallel_sizes
 from rl.core.config.schema import Config
 
 _CRITIC = "trainer.critic."
@@ -33,7 +33,7 @@ def check_critic(cfg: Config, problems: Problems) -> None:
         problems.add(_CRITIC + "model.lora.rank", f"is {critic.model.lora.rank}, but the {strategy.name} backend does "
                                                   "not train LoRA adapters; set it to 0")
     if critic_has_own_group(cfg):
-        _check_own_group(cfg, problems)
+        _check_own_group(cfg, strategy, problems)
     else:
         _check_colocated(cfg, problems)
     opt = critic.optimizer_config
@@ -63,24 +63,26 @@ def _check_colocated(cfg: Config, problems: Problems) -> None:
                          "or null, or set colocate_all=false for a critic group of its own")
 
 
-def _check_own_group(cfg: Config, problems: Problems) -> None:
-    """A critic group of its own: at least one device, a multiple of the model-parallel size."""
-    nodes, gpus = critic_placement(cfg)
+def _check_own_group(cfg: Config, strategy, problems: Problems) -> None:
+    """A critic group of its own: at least one device, a multiple of its model-parallel size, Ulysses only where the
+    strategy runs it (`strategy`: the selected one, or None when the strategy itself is at fault)."""
+    nodes, gpus = group_placement(cfg, "critic")
     if nodes < 1 or gpus < 1:
         problems.add("trainer.placement.critic_num_gpus_per_node" if gpus < 1 else "trainer.placement.critic_num_nodes",
                      f"the critic group of {nodes} x {gpus} devices needs at least one; set both >= 1")
         return
-    strategy = strategies.selected(cfg)
-    if strategy is not None and cfg.trainer.critic.sequence_parallel_size > 1 and not strategy.ulysses:
+    if strategy is None:
+        return
+    ulysses = cfg.trainer.critic.sequence_parallel_size
+    if ulysses > 1 and not strategy.ulysses:
         problems.add(_CRITIC + "sequence_parallel_size",
-                     f"is {cfg.trainer.critic.sequence_parallel_size}, but the {strategy.name} backend does not "
-                     "implement Ulysses sequence parallelism; set it to 1")
-    if strategy is not None:
-        size, how = strategy.model_parallel_size(cfg, "critic")
-        if size >= 1 and (nodes * gpus) % size:
-            problems.add("trainer.placement.critic_num_gpus_per_node",
-                         f"the critic group's {nodes}x{gpus} devices are not a multiple of its model-parallel size "
-                         f"{size} ({how}); give it a multiple")
+                     f"is {ulysses}, but the {strategy.name} backend does not implement Ulysses sequence "
+                     "parallelism; set it to 1")
+    size, how = strategy.model_parallel_size(cfg, "critic")
+    if size >= 1 and (nodes * gpus) % size:
+        problems.add("trainer.placement.critic_num_gpus_per_node",
+                     f"the critic group's {nodes}x{gpus} devices are not a multiple of its model-parallel size "
+                     f"{size} ({how}); give it a multiple")
 
 
 def _check_mini_batch(cfg: Config, problems: Problems) -> None:

@@ -23,16 +23,17 @@ def policy_world_size(cfg: Config) -> int:
     return placement.policy_num_nodes * placement.policy_num_gpus_per_node
 
 
-def ref_placement(cfg: Config) -> tuple[int, int]:
-    """(nodes, devices per node) of the reference model; unset values follow the policy."""
+def group_placement(cfg: Config, role: str) -> tuple[int, int]:
+    """(nodes, devices per node) of a group of its own for `role` ("ref" or "critic": `trainer.placement.
+    <role>_num_nodes` / `<role>_num_gpus_per_node`); unset values follow the policy."""
     placement = cfg.trainer.placement
-    nodes = placement.policy_num_nodes if placement.ref_num_nodes is None else placement.ref_num_nodes
-    gpus = placement.ref_num_gpus_per_node
-    return nodes, placement.policy_num_gpus_per_node if gpus is None else gpus
+    nodes, gpus = getattr(placement, f"{role}_num_nodes"), getattr(placement, f"{role}_num_gpus_per_node")
+    return (placement.policy_num_nodes if nodes is None else nodes,
+            placement.policy_num_gpus_per_node if gpus is None else gpus)
 
 
 def ref_world_size(cfg: Config) -> int:
-    nodes, gpus = ref_placement(cfg)
+    nodes, gpus = group_placement(cfg, "ref")
     return nodes * gpus
 
 
@@ -42,14 +43,6 @@ def critic_has_own_group(cfg: Config) -> bool:
     return cfg.trainer.algorithm.advantage_estimator == "gae" and not cfg.trainer.placement.colocate_all
 
 
-def critic_placement(cfg: Config) -> tuple[int, int]:
-    """(nodes, devices per node) of a critic group of its own; unset values follow the policy."""
-    placement = cfg.trainer.placement
-    nodes = placement.policy_num_nodes if placement.critic_num_nodes is None else placement.critic_num_nodes
-    gpus = placement.critic_num_gpus_per_node
-    return nodes, placement.policy_num_gpus_per_node if gpus is None else gpus
-
-
 def parallel_sizes(cfg: Config, role: str = "policy") -> ParallelSizes | None:
     """The sizes of the policy's workers, or with `role="critic"` of the critic's (its own group or the policy's);
     None when the model-parallel size does not divide the world (validation reports that)."""
@@ -57,7 +50,7 @@ def parallel_sizes(cfg: Config, role: str = "policy") -> ParallelSizes | None:
     if strategy is None:
         return None
     own = role == "critic" and critic_has_own_group(cfg)
-    nodes, gpus = critic_placement(cfg) if own else (1, policy_world_size(cfg))
+    nodes, gpus = group_placement(cfg, "critic") if own else (1, policy_world_size(cfg))
     world = nodes * gpus
     group, how = strategy.model_parallel_size(cfg, role)
     if world < 1 or group < 1 or world % group:

@@ -1,10 +1,10 @@
-"""SkyRL's and NeMo RL's configs as their users write them: each key read as ours where the meaning is the same,
-the differences printed, keys with no effect listed, missing features refused by name; NeMo RL's `defaults:`
-inheritance and `${...}` interpolation; the seeds' keys; suggestions by meaning."""
+"""NeMo RL's configs as its users write them: each key read as ours where the meaning is the same, the differences
+printed, keys with no effect listed, missing features refused by name; NeMo RL's `defaults:` inheritance and
+`${...}` interpolation; the seeds' keys (SkyRL's and NeMo RL's); suggestions by meaning; a saved config holds only
+our keys. SkyRL's own configs: test_config_skyrl_dialect.py."""
 
 from __future__ import annotations
 
-import logging
 import os
 import textwrap
 
@@ -14,178 +14,9 @@ import yaml
 import rl.backends.registry  # noqa: F401  (registers the training strategies the config names)
 from rl.core.config import ConfigError, config_to_dict, load_config, save_config
 from rl.core.config.keys import all_keys
-from tests.rl.core.config.skyrl_scripts import SKYRL_SCRIPTS, skyrl_args
-from tests.rl.core.config.upstream_configs import NEMO_1B, NEMO_1B_MEGATRON, SEED_KEYS, SKYRL_DEFAULTS
-
-
-def _load(caplog, overrides=(), config_file=None):
-    with caplog.at_level(logging.INFO, logger="rl.core.config"):
-        return load_config(list(overrides), config_file=config_file)
-
-
-def _refused(overrides=(), config_file=None) -> dict[str, str]:
-    with pytest.raises(ConfigError) as info:
-        load_config(list(overrides), config_file=config_file)
-    return {line.split(":", 1)[0]: line for line in info.value.problems}
-
-
-def _lines(caplog) -> list[str]:
-    return [record.getMessage() for record in caplog.records if record.getMessage().startswith("config: ")]
-
-
-# --- SkyRL's scripts ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", sorted(SKYRL_SCRIPTS))
-def test_skyrl_script_loads_or_refuses_only_missing_features(name, caplog):
-    script = SKYRL_SCRIPTS[name]
-    if script.refused:
-        refused = _refused(skyrl_args(name))
-        assert set(refused) == set(script.refused), refused
-        return
-    cfg = _load(caplog, skyrl_args(name))
-    if name == "fully_async":  # GLM-5's loss on rollout logprobs, the geometric sequence mask, staleness 4
-        assert (cfg.trainer.algorithm.policy_loss_type, cfg.trainer.resume_mode) == ("rollout_is", "latest")
-        assert (cfg.trainer.fully_async.enabled, cfg.trainer.fully_async.max_staleness_steps) == (True, 4)
-        correction = cfg.trainer.algorithm.off_policy_correction
-        assert (correction.sequence_mask_metric, correction.geo_mask_low, correction.geo_mask_high) == (
-            "geometric", 0.99, 1.01)
-        assert cfg.generator.weight_sync_backend == "nccl"  # engines on GPUs of their own (colocate_all=false)
-        return
-    assert cfg.trainer.resume_mode == "none"  # resume_mode=null
-    assert cfg.generator.max_prompt_length == 512 and cfg.generator.max_generate_length == 1024
-    assert cfg.generator.weight_sync_backend is None  # nccl with colocated engines: CUDA IPC in SkyRL
-    if name == "multi_turn":  # the built-in gsm8k_multi_turn, its turn budget SkyRL's generator.max_turns
-        assert cfg.environment.env_class == "gsm8k_multi_turn"
-        assert cfg.environment.env_options == {"max_turns": cfg.generator.max_turns} == {"max_turns": 1}
-        return
-    assert (cfg.environment.env_class, cfg.data.reward_fn) == (None, ["gsm8k_skyrl"])
-
-
-def test_skyrl_quickstart_meanings_and_printed_lines(caplog):
-    cfg = _load(caplog, skyrl_args("gsm8k"))
-    assert (cfg.trainer.strategy, cfg.generator.num_inference_engines, cfg.generator.backend) == ("fsdp", 4, "vllm")
-    assert cfg.generator.inference_engine_tensor_parallel_size == 1
-    assert cfg.generator.gpu_memory_utilization == 0.8
-    assert cfg.trainer.logger == ["wandb"] and cfg.trainer.ckpt_path.endswith("/ckpts/gsm8k_1.5B_ckpt")
-    lines = _lines(caplog)
-    aliases = next(line for line in lines if "keys read as ours" in line)
-    for pair in (
-        "generator.inference_engine.num_engines -> generator.num_inference_engines",
-        "generator.sampling_params.max_generate_length -> generator.max_generate_length",
-        "trainer.max_prompt_length -> generator.max_prompt_length",
-    ):
-        assert pair in aliases
-    inert = next(line for line in lines if "accepted with no effect here" in line)
-    for key in ("trainer.eval_batch_size", "generator.batched", "trainer.log_path"):
-        assert key in inert
-    differs = [line for line in lines if "(SkyRL):" in line]
-    assert {line.split(" (SkyRL)")[0].removeprefix("config: ") for line in differs} == {
-        "environment.env_class",
-        "generator.inference_engine.weight_sync_backend",
-        "trainer.max_prompt_length",
-    }
-
-
-def test_skyrl_megatron_example_layout(caplog):
-    cfg = _load(caplog, skyrl_args("megatron"))
-    block = cfg.blocks["trainer.policy.megatron_config"]
-    assert (block.tensor_model_parallel_size, block.pipeline_model_parallel_size) == (2, 2)
-    assert cfg.trainer.use_sample_packing is True
-
-
-def test_skyrl_reference_layout_must_be_the_policys():
-    refused = _refused([*skyrl_args("megatron"), "trainer.ref.megatron_config.tensor_model_parallel_size=1"])
-    assert "uses the policy's Megatron-Core layout" in refused["trainer.ref.megatron_config.tensor_model_parallel_size"]
-
-
-def test_skyrl_lora_example(caplog):
-    lora = _load(caplog, skyrl_args("lora")).trainer.policy.model.lora
-    assert (lora.rank, lora.alpha, lora.target_modules) == (32, 32.0, ["all-linear"])
-
-
-def test_skyrl_missing_features_are_named():
-    refused = _refused(["trainer.algorithm.policy_loss_type=dppo"])
-    assert "DPPO's divergence-masked loss" in refused["trainer.algorithm.policy_loss_type"]
-    refused = _refused(["environment.env_class=text2sql"])
-    assert "SkyRL-gym's text2sql environment, which is not built in" in refused["environment.env_class"]
-
-
-def test_skyrl_multi_turn_turn_budget_follows_generator_max_turns(caplog, tmp_path):
-    cfg = _load(caplog, [*skyrl_args("multi_turn"), "generator.max_turns=3"])
-    assert (cfg.environment.env_class, cfg.environment.env_options) == ("gsm8k_multi_turn", {"max_turns": 3})
-    given = _load(caplog, [*skyrl_args("multi_turn"), "environment.env_options.max_turns=2", "generator.max_turns=3"])
-    assert given.environment.env_options == {"max_turns": 2}  # the user's own budget stays
-    # Set from the file's generator.max_turns, then changed by an override: named, with the fix.
-    config = tmp_path / "run.yaml"
-    config.write_text("environment: {env_class: gsm8k_multi_turn}\n", encoding="utf-8")
-    refused = _refused(["generator.max_turns=4"], config_file=str(config))
-    assert "set environment.env_options.max_turns=4" in refused["environment.env_options.max_turns"]
-
-
-def test_every_skyrl_key_that_is_not_ours_loads_at_skyrls_default(caplog):
-    overrides = [
-        f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
-        for key, value in SKYRL_DEFAULTS.items()
-    ]
-    _load(caplog, overrides)
-
-
-def test_skyrl_value_spellings(tmp_path, caplog):
-    checkpoint = tmp_path / "global_step_3"
-    checkpoint.mkdir()
-    cfg = _load(
-        caplog,
-        [
-            "trainer.eval_interval=-1",
-            "trainer.hf_save_interval=-1",
-            "trainer.ckpt_interval=-1",
-            "trainer.resume_mode=from_path",
-            f"trainer.resume_path={checkpoint}",
-            "trainer.max_ckpts_to_keep=-1",
-            "trainer.max_training_steps=7",
-            "trainer.policy.optimizer_config.adam_betas=[0.9, 0.95]",
-            "trainer.policy.optimizer_config.num_warmup_steps=5",
-            "trainer.max_tokens_per_microbatch=-1",
-            "trainer.remove_microbatch_padding=false",
-        ],
-    )
-    assert (cfg.trainer.eval_interval, cfg.trainer.hf_save_interval, cfg.trainer.ckpt_interval) == (0, 0, 0)
-    assert cfg.trainer.resume_mode == str(checkpoint) and cfg.trainer.max_steps == 7
-    assert cfg.trainer.policy.optimizer_config.betas == [0.9, 0.95]
-    assert cfg.trainer.policy.optimizer_config.lr_warmup_steps == 5
-    assert cfg.trainer.max_tokens_per_micro_batch is None and cfg.trainer.use_sample_packing is False
-
-
-def test_checkpoint_retention_keys(caplog):
-    """SkyRL's `max_ckpts_to_keep` is ours; NeMo RL's keep_top_k / metric_name / higher_is_better map onto it."""
-    assert _load(caplog, ["trainer.max_ckpts_to_keep=3"]).trainer.max_ckpts_to_keep == 3
-    refused = _refused(["trainer.max_ckpts_to_keep=0"])
-    assert "-1 (keep every checkpoint) or an integer >= 1" in refused["trainer.max_ckpts_to_keep"]
-    refused = _refused(["trainer.ckpt_keep_metric=val_accuracy"])
-    assert "keeps every checkpoint (-1)" in refused["trainer.ckpt_keep_metric"]
-
-
-def test_skyrl_deprecated_tis_and_cispo_offsets(caplog):
-    cfg = _load(
-        caplog,
-        [
-            "trainer.algorithm.use_tis=true",
-            "trainer.algorithm.tis_imp_ratio_cap=2.5",
-            "trainer.algorithm.policy_loss_type=cispo",
-            "trainer.algorithm.cispo.cispo_eps_clip_high=4.0",
-            "trainer.algorithm.cispo.cispo_eps_clip_low=1.0",
-        ],
-    )
-    correction = cfg.trainer.algorithm.off_policy_correction
-    assert (correction.tis_ratio_type, correction.token_tis_ratio_clip_high) == ("token", 2.5)
-    assert cfg.trainer.algorithm.eps_clip_high == 4.0
-    refused = _refused(["trainer.algorithm.policy_loss_type=cispo", "trainer.algorithm.cispo.cispo_eps_clip_low=0.5"])
-    assert "lower bound on the CISPO weight" in refused["trainer.algorithm.cispo.cispo_eps_clip_low"]
-
-
-def test_engine_arguments_are_refused_not_dropped():
-    key = "generator.inference_engine.engine_init_kwargs"
-    assert "extra vLLM engine arguments" in _refused([f"{key}={{enable_sleep_mode: true}}"])[key]
-    assert "extra vLLM engine arguments" in _refused([f"{key}.enable_sleep_mode=true"])[key + ".enable_sleep_mode"]
+from tests.rl.core.config.dialect_loading import config_lines, load_logged, refusals
+from tests.rl.core.config.skyrl_scripts import skyrl_args
+from tests.rl.core.config.upstream_configs import NEMO_1B, NEMO_1B_MEGATRON, SEED_KEYS
 
 
 # --- NeMo RL's files ----------------------------------------------------------------------------------------------
@@ -212,7 +43,7 @@ def _pointed(tmp_path, parent: str, extra: str = "") -> str:
 
 
 def test_nemo_1b_as_written_refuses_only_missing_features():
-    refused = _refused(config_file=NEMO_1B)
+    refused = refusals(config_file=NEMO_1B)
     assert set(refused) == {
         "data.train.dataset_name",
         "data.train.split_validation_size",
@@ -226,7 +57,7 @@ def test_nemo_1b_as_written_refuses_only_missing_features():
 
 
 def test_nemo_1b_meanings(tmp_path, caplog):
-    cfg = _load(caplog, config_file=_pointed(tmp_path, NEMO_1B, "grpo:\n  max_num_steps: 20\n"))
+    cfg = load_logged(caplog, config_file=_pointed(tmp_path, NEMO_1B, "grpo:\n  max_num_steps: 20\n"))
     trainer, algorithm = cfg.trainer, cfg.trainer.algorithm
     assert trainer.strategy == "fsdp2"
     assert (trainer.train_batch_size, cfg.generator.n_samples_per_prompt, trainer.policy_mini_batch_size) == (
@@ -268,7 +99,7 @@ def test_nemo_1b_meanings(tmp_path, caplog):
     assert cfg.data.train_data == [str(tmp_path / "train.jsonl")] and cfg.data.val_data == [str(tmp_path / "val.jsonl")]
     assert (cfg.data.reward_fn, cfg.data.reward_num_workers) == (["gsm8k_flexible"], 8)
     assert (cfg.data.prompt_template_file, cfg.data.system_prompt_file) == (str(tmp_path / "cot.txt"), None)
-    lines = _lines(caplog)
+    lines = config_lines(caplog)
     assert f"data.default.prompt_file -> data.prompt_template_file='{tmp_path / 'cot.txt'}'" in lines[0]
     assert any(line.startswith("config: grpo.use_leave_one_out_baseline (NeMo RL): ") for line in lines)
     assert any(line.startswith("config: policy.scheduler (NeMo RL): ") for line in lines)
@@ -281,14 +112,14 @@ def test_nemo_prompt_files_per_dataset(tmp_path, caplog):
     for path, text in ((cot, "Q: {}"), (other, "Other: {}"), (system, "Be brief.")):
         path.write_text(text, encoding="utf-8")
     data = [f"data.train.data_path={tmp_path}/t.jsonl", f"data.validation.data_path={tmp_path}/v.jsonl"]
-    cfg = _load(caplog, [*data, f"data.default.prompt_file={other}", f"data.train.prompt_file={cot}",
+    cfg = load_logged(caplog, [*data, f"data.default.prompt_file={other}", f"data.train.prompt_file={cot}",
                          f"data.validation.prompt_file={cot}", f"data.default.system_prompt_file={system}"])
     assert (cfg.data.prompt_template_file, cfg.data.system_prompt_file) == (str(cot), str(system))
-    inert = next(line for line in _lines(caplog) if "accepted with no effect here" in line)
+    inert = next(line for line in config_lines(caplog) if "accepted with no effect here" in line)
     assert "data.default.prompt_file (prompt_file of data.train / data.validation is used)" in inert
     cfg = load_config([f"data.prompt_file={cot}", "data.system_prompt_file=null"])  # NeMo RL's older layout
     assert (cfg.data.prompt_template_file, cfg.data.system_prompt_file) == (str(cot), None)
-    refused = _refused([*data, f"data.default.prompt_file={cot}", "data.validation.prompt_file=null"])
+    refused = refusals([*data, f"data.default.prompt_file={cot}", "data.validation.prompt_file=null"])
     assert refused["data.validation.prompt_file"] == (
         f"data.validation.prompt_file: gives the validation data None and the training data '{cot}'; one file "
         "serves every prompt here (data.prompt_template_file): give both the same"
@@ -296,7 +127,7 @@ def test_nemo_prompt_files_per_dataset(tmp_path, caplog):
 
 
 def test_nemo_1b_megatron_inherits_and_ignores_the_disabled_dtensor_block(tmp_path, caplog):
-    cfg = _load(caplog, config_file=_pointed(tmp_path, NEMO_1B_MEGATRON))
+    cfg = load_logged(caplog, config_file=_pointed(tmp_path, NEMO_1B_MEGATRON))
     trainer = cfg.trainer
     assert trainer.strategy == "megatron"
     optimizer = trainer.policy.optimizer_config
@@ -309,7 +140,7 @@ def test_nemo_1b_megatron_inherits_and_ignores_the_disabled_dtensor_block(tmp_pa
     assert trainer.ckpt_interval == 0  # checkpointing.enabled: false
     assert trainer.gradient_checkpointing is False
     assert cfg.blocks["trainer.policy.megatron_config"].recompute_granularity is None  # activation_checkpointing off
-    inert = next(line for line in _lines(caplog) if "accepted with no effect here" in line)
+    inert = next(line for line in config_lines(caplog) if "accepted with no effect here" in line)
     assert "policy.dtensor_cfg.activation_checkpointing" in inert and "switched off" in inert
 
 
@@ -412,7 +243,7 @@ def test_nemo_algorithm_switches():
     assert algorithm.dynamic_sampling.type == "filter"
     correction = algorithm.off_policy_correction
     assert (correction.token_mask_is_threshold_low, correction.token_mask_is_threshold_high) == (0.5, 5.0)
-    refused = _refused(["loss_fn.use_importance_sampling_correction=true"])
+    refused = refusals(["loss_fn.use_importance_sampling_correction=true"])
     assert "uncapped weights" in refused["loss_fn.use_importance_sampling_correction"]
 
 
@@ -444,7 +275,7 @@ def test_other_algorithms_get_one_line_each(tmp_path):
             }
         )
     )
-    refused = _refused(config_file=str(path))
+    refused = refusals(config_file=str(path))
     assert set(refused) == {"sft", "dpo"}
     assert "supervised fine-tuning (SFT)" in refused["sft"] and "//rl/launch:sft" in refused["sft"]
 
@@ -457,7 +288,7 @@ def test_every_seed_key_loads(name, tmp_path, caplog):
     if seed.yaml:
         path = tmp_path / "seed.yaml"
         path.write_text(seed.yaml, encoding="utf-8")
-    cfg = _load(caplog, seed.overrides, str(path) if path else None)
+    cfg = load_logged(caplog, seed.overrides, str(path) if path else None)
     if name == "seed003_both_enabled":
         assert cfg.trainer.strategy == "megatron"
     if name == "seed003_basic":  # max_seq_length bounds prompt + response; 4 x 8 x DP 1 = 32 sequences per step
@@ -487,17 +318,17 @@ def test_every_seed_key_loads(name, tmp_path, caplog):
     ],
 )
 def test_suggestions_never_name_a_key_of_another_meaning(key, wrong):
-    line = _refused([f"{key}=1"])[key]
+    line = refusals([f"{key}=1"])[key]
     assert wrong not in line.split("; valid keys")[0]
 
 
 def test_a_key_with_no_equivalent_gets_no_suggestion():
-    line = _refused(["generator.inference_engine.quantization=fp8"])["generator.inference_engine.quantization"]
+    line = refusals(["generator.inference_engine.quantization=fp8"])["generator.inference_engine.quantization"]
     assert "did you mean" not in line
 
 
 def test_saved_config_holds_only_our_keys(tmp_path, caplog):
-    cfg = _load(caplog, skyrl_args("gsm8k"))
+    cfg = load_logged(caplog, skyrl_args("gsm8k"))
     path = str(tmp_path / "config.yaml")
     save_config(cfg, path)
     with open(path, encoding="utf-8") as handle:

@@ -1,0 +1,169 @@
+"""SkyRL's configs as its users write them (its example scripts, its typed config's defaults): each key read as
+ours where the meaning is the same, the differences printed, keys with no effect listed, missing features refused
+by name, SkyRL's own spellings of values on keys we share."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+import rl.backends.registry  # noqa: F401  (registers the training strategies the config names)
+from tests.rl.core.config.dialect_loading import config_lines, load_logged, refusals
+from tests.rl.core.config.skyrl_scripts import SKYRL_SCRIPTS, skyrl_args
+from tests.rl.core.config.upstream_configs import SKYRL_DEFAULTS
+
+
+# --- SkyRL's scripts ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(SKYRL_SCRIPTS))
+def test_skyrl_script_loads_or_refuses_only_missing_features(name, caplog):
+    script = SKYRL_SCRIPTS[name]
+    if script.refused:
+        refused = refusals(skyrl_args(name))
+        assert set(refused) == set(script.refused), refused
+        return
+    cfg = load_logged(caplog, skyrl_args(name))
+    if name == "fully_async":  # GLM-5's loss on rollout logprobs, the geometric sequence mask, staleness 4
+        assert (cfg.trainer.algorithm.policy_loss_type, cfg.trainer.resume_mode) == ("rollout_is", "latest")
+        assert (cfg.trainer.fully_async.enabled, cfg.trainer.fully_async.max_staleness_steps) == (True, 4)
+        correction = cfg.trainer.algorithm.off_policy_correction
+        assert (correction.sequence_mask_metric, correction.geo_mask_low, correction.geo_mask_high) == (
+            "geometric", 0.99, 1.01)
+        assert cfg.generator.weight_sync_backend == "nccl"  # engines on GPUs of their own (colocate_all=false)
+        return
+    assert cfg.trainer.resume_mode == "none"  # resume_mode=null
+    assert cfg.generator.max_prompt_length == 512 and cfg.generator.max_generate_length == 1024
+    assert cfg.generator.weight_sync_backend is None  # nccl with colocated engines: CUDA IPC in SkyRL
+    if name == "multi_turn":  # the built-in gsm8k_multi_turn, its turn budget SkyRL's generator.max_turns
+        assert cfg.environment.env_class == "gsm8k_multi_turn"
+        assert cfg.environment.env_options == {"max_turns": cfg.generator.max_turns} == {"max_turns": 1}
+        return
+    assert (cfg.environment.env_class, cfg.data.reward_fn) == (None, ["gsm8k_skyrl"])
+
+
+def test_skyrl_quickstart_meanings_and_printed_lines(caplog):
+    cfg = load_logged(caplog, skyrl_args("gsm8k"))
+    assert (cfg.trainer.strategy, cfg.generator.num_inference_engines, cfg.generator.backend) == ("fsdp", 4, "vllm")
+    assert cfg.generator.inference_engine_tensor_parallel_size == 1
+    assert cfg.generator.gpu_memory_utilization == 0.8
+    assert cfg.trainer.logger == ["wandb"] and cfg.trainer.ckpt_path.endswith("/ckpts/gsm8k_1.5B_ckpt")
+    lines = config_lines(caplog)
+    aliases = next(line for line in lines if "keys read as ours" in line)
+    for pair in (
+        "generator.inference_engine.num_engines -> generator.num_inference_engines",
+        "generator.sampling_params.max_generate_length -> generator.max_generate_length",
+        "trainer.max_prompt_length -> generator.max_prompt_length",
+    ):
+        assert pair in aliases
+    inert = next(line for line in lines if "accepted with no effect here" in line)
+    for key in ("trainer.eval_batch_size", "generator.batched", "trainer.log_path"):
+        assert key in inert
+    differs = [line for line in lines if "(SkyRL):" in line]
+    assert {line.split(" (SkyRL)")[0].removeprefix("config: ") for line in differs} == {
+        "environment.env_class",
+        "generator.inference_engine.weight_sync_backend",
+        "trainer.max_prompt_length",
+    }
+
+
+def test_skyrl_megatron_example_layout(caplog):
+    cfg = load_logged(caplog, skyrl_args("megatron"))
+    block = cfg.blocks["trainer.policy.megatron_config"]
+    assert (block.tensor_model_parallel_size, block.pipeline_model_parallel_size) == (2, 2)
+    assert cfg.trainer.use_sample_packing is True
+
+
+def test_skyrl_reference_layout_must_be_the_policys():
+    refused = refusals([*skyrl_args("megatron"), "trainer.ref.megatron_config.tensor_model_parallel_size=1"])
+    assert "uses the policy's Megatron-Core layout" in refused["trainer.ref.megatron_config.tensor_model_parallel_size"]
+
+
+def test_skyrl_lora_example(caplog):
+    lora = load_logged(caplog, skyrl_args("lora")).trainer.policy.model.lora
+    assert (lora.rank, lora.alpha, lora.target_modules) == (32, 32.0, ["all-linear"])
+
+
+def test_skyrl_missing_features_are_named():
+    refused = refusals(["trainer.algorithm.policy_loss_type=dppo"])
+    assert "DPPO's divergence-masked loss" in refused["trainer.algorithm.policy_loss_type"]
+    refused = refusals(["environment.env_class=text2sql"])
+    assert "SkyRL-gym's text2sql environment, which is not built in" in refused["environment.env_class"]
+
+
+def test_skyrl_multi_turn_turn_budget_follows_generator_max_turns(caplog, tmp_path):
+    cfg = load_logged(caplog, [*skyrl_args("multi_turn"), "generator.max_turns=3"])
+    assert (cfg.environment.env_class, cfg.environment.env_options) == ("gsm8k_multi_turn", {"max_turns": 3})
+    given = load_logged(caplog, [*skyrl_args("multi_turn"), "environment.env_options.max_turns=2",
+                                 "generator.max_turns=3"])
+    assert given.environment.env_options == {"max_turns": 2}  # the user's own budget stays
+    # Set from the file's generator.max_turns, then changed by an override: named, with the fix.
+    config = tmp_path / "run.yaml"
+    config.write_text("environment: {env_class: gsm8k_multi_turn}\n", encoding="utf-8")
+    refused = refusals(["generator.max_turns=4"], config_file=str(config))
+    assert "set environment.env_options.max_turns=4" in refused["environment.env_options.max_turns"]
+
+
+def test_every_skyrl_key_that_is_not_ours_loads_at_skyrls_default(caplog):
+    overrides = [
+        f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
+        for key, value in SKYRL_DEFAULTS.items()
+    ]
+    load_logged(caplog, overrides)
+
+
+def test_skyrl_value_spellings(tmp_path, caplog):
+    checkpoint = tmp_path / "global_step_3"
+    checkpoint.mkdir()
+    cfg = load_logged(
+        caplog,
+        [
+            "trainer.eval_interval=-1",
+            "trainer.hf_save_interval=-1",
+            "trainer.ckpt_interval=-1",
+            "trainer.resume_mode=from_path",
+            f"trainer.resume_path={checkpoint}",
+            "trainer.max_ckpts_to_keep=-1",
+            "trainer.max_training_steps=7",
+            "trainer.policy.optimizer_config.adam_betas=[0.9, 0.95]",
+            "trainer.policy.optimizer_config.num_warmup_steps=5",
+            "trainer.max_tokens_per_microbatch=-1",
+            "trainer.remove_microbatch_padding=false",
+        ],
+    )
+    assert (cfg.trainer.eval_interval, cfg.trainer.hf_save_interval, cfg.trainer.ckpt_interval) == (0, 0, 0)
+    assert cfg.trainer.resume_mode == str(checkpoint) and cfg.trainer.max_steps == 7
+    assert cfg.trainer.policy.optimizer_config.betas == [0.9, 0.95]
+    assert cfg.trainer.policy.optimizer_config.lr_warmup_steps == 5
+    assert cfg.trainer.max_tokens_per_micro_batch is None and cfg.trainer.use_sample_packing is False
+
+
+def test_checkpoint_retention_keys(caplog):
+    """SkyRL's `max_ckpts_to_keep` is ours; NeMo RL's keep_top_k / metric_name / higher_is_better map onto it."""
+    assert load_logged(caplog, ["trainer.max_ckpts_to_keep=3"]).trainer.max_ckpts_to_keep == 3
+    refused = refusals(["trainer.max_ckpts_to_keep=0"])
+    assert "-1 (keep every checkpoint) or an integer >= 1" in refused["trainer.max_ckpts_to_keep"]
+    refused = refusals(["trainer.ckpt_keep_metric=val_accuracy"])
+    assert "keeps every checkpoint (-1)" in refused["trainer.ckpt_keep_metric"]
+
+
+def test_skyrl_deprecated_tis_and_cispo_offsets(caplog):
+    cfg = load_logged(
+        caplog,
+        [
+            "trainer.algorithm.use_tis=true",
+            "trainer.algorithm.tis_imp_ratio_cap=2.5",
+            "trainer.algorithm.policy_loss_type=cispo",
+            "trainer.algorithm.cispo.cispo_eps_clip_high=4.0",
+            "trainer.algorithm.cispo.cispo_eps_clip_low=1.0",
+        ],
+    )
+    correction = cfg.trainer.algorithm.off_policy_correction
+    assert (correction.tis_ratio_type, correction.token_tis_ratio_clip_high) == ("token", 2.5)
+    assert cfg.trainer.algorithm.eps_clip_high == 4.0
+    refused = refusals(["trainer.algorithm.policy_loss_type=cispo", "trainer.algorithm.cispo.cispo_eps_clip_low=0.5"])
+    assert "lower bound on the CISPO weight" in refused["trainer.algorithm.cispo.cispo_eps_clip_low"]
+
+
+def test_engine_arguments_are_refused_not_dropped():
+    key = "generator.inference_engine.engine_init_kwargs"
+    assert "extra vLLM engine arguments" in refusals([f"{key}={{enable_sleep_mode: true}}"])[key]
+    assert "extra vLLM engine arguments" in refusals([f"{key}.enable_sleep_mode=true"])[key + ".enable_sleep_mode"]
