@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from rl.core.data import PromptRecord, load_prompt_dataset, load_prompt_template
+from rl.core.data.splitting import joined, split_validation
 from rl.core.generation import SamplingParams, build_engine
 from rl.trainer.engines import RemoteEngines
 from rl.trainer.placement import Placement
@@ -34,6 +35,9 @@ def load_datasets(cfg, train_paths: list[str], val_paths: list[str]):
             "template": load_prompt_template(cfg.data.prompt_template_file, cfg.data.system_prompt_file)}
     train = load_prompt_dataset(train_paths, **keys)
     val = load_prompt_dataset(val_paths, **keys) if val_paths else None
+    if cfg.data.val_split_size:
+        train, held_out = split_validation(train, cfg.data.val_split_size, cfg.data.val_split_seed)
+        val = joined(held_out, val)
     return train, val
 
 

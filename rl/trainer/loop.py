@@ -53,6 +53,9 @@ class Trainer:
         self.train_set, self.val_set = components.load_datasets(cfg, sources.train_data, sources.val_data)
         refuse_at_start(cfg, self.tokenizer, {"data.train_data": self.train_set, "data.val_data": self.val_set},
                         self.model_path)
+        if cfg.data.val_split_size:
+            print(f"data: {len(self.train_set)} training prompts, {len(self.val_set)} validation prompts from "
+                  f"{', '.join(self.val_set.files)}", flush=True)
         self.prompts = PromptEncoder(self.tokenizer, cfg.generator.max_prompt_length, cfg.data.truncation)
         self.episodes = Episodes.from_config(cfg, self.tokenizer, self.model_path)
         self.settings = LossSettings.from_config(cfg.trainer.algorithm, cfg.generator)

@@ -17,7 +17,7 @@ import torch
 
 from rl.core.config import ConfigError
 from rl.core.config.choices import MODEL_REWARDS
-from rl.core.data import DataError, load_prompt_dataset, load_prompt_template
+from rl.core.data import DataError, load_prompt_dataset, load_prompt_template, split_validation
 from rl.trainer.agents import agent_problems
 from rl.trainer.companion_models import companion_model_problems
 from rl.trainer.memory_plan import memory_problems
@@ -45,10 +45,24 @@ def _data_problems(cfg, loaded: dict) -> list[str]:
             found.append(f"{key}: {error}")
             continue
         loaded[key] = dataset
-        if key == "data.train_data" and len(dataset) < cfg.trainer.train_batch_size:
-            found.append(f"trainer.train_batch_size: {cfg.trainer.train_batch_size} prompts per step, but "
-                         f"data.train_data holds {len(dataset)}; lower trainer.train_batch_size or add prompts")
+        if key == "data.train_data":
+            found.extend(_training_rows_problems(cfg, dataset))
     return found
+
+
+def _training_rows_problems(cfg, dataset) -> list[str]:
+    """The rows left for training (after data.val_split_size holds some out) fill a step."""
+    rows, held_out = len(dataset), ""
+    if cfg.data.val_split_size:
+        try:
+            rows = len(split_validation(dataset, cfg.data.val_split_size, cfg.data.val_split_seed)[0])
+        except DataError as error:
+            return [str(error)]
+        held_out = f" after data.val_split_size holds out {len(dataset) - rows}"
+    if rows >= cfg.trainer.train_batch_size:
+        return []
+    return [f"trainer.train_batch_size: {cfg.trainer.train_batch_size} prompts per step, but data.train_data holds "
+            f"{rows}{held_out}; lower trainer.train_batch_size or add prompts"]
 
 
 def _looks_local(path: str) -> bool:

@@ -39,6 +39,9 @@ def _data_problems(cfg, section: str, block) -> list[str]:
         if getattr(cfg.data, key) is not None:
             found.append(f"data.{key}: builds the prompts of GRPO/PPO runs (rl.launch.train); {section} rows are "
                          f"used as the data holds them: set it to null and write the prompts into the rows")
+    if cfg.data.val_split_size:
+        found.append(f"data.val_split_size: carves the validation prompts of GRPO/PPO runs (rl.launch.train); "
+                     f"{section} evaluates the rows of data.val_data: set it to 0 and give data.val_data")
     what = "pairs" if section == "dpo" else "examples"
     for key, paths in (("data.train_data", cfg.data.train_data), ("data.val_data", cfg.data.val_data or [])):
         given = [path for path in paths if path != EMBEDDED]

@@ -363,6 +363,8 @@ BAD = {
     "non_finite_unknown": Bad(["trainer.non_finite=ignore"], "trainer.non_finite", ("fail, skip",)),
     "truncation_unknown": Bad(["data.truncation=drop"], "data.truncation", ("left, right, middle, error",)),
     "reward_fn_empty_list": Bad(["data.reward_fn=[]"], "data.reward_fn", ("is empty",)),
+    "val_split_size_not_whole": Bad(["data.val_split_size=2.5"], "data.val_split_size",
+                                    ("a fraction in (0, 1) or a whole number",)),
     "dynamic_sampling_unknown": Bad(["trainer.algorithm.dynamic_sampling.type=filtr"],
                                     "trainer.algorithm.dynamic_sampling.type", ("did you mean 'filter'?",)),
     "dynamic_sampling_one_sample": Bad(["trainer.algorithm.dynamic_sampling.type=filter",

@@ -227,7 +227,15 @@ def check_lists(cfg: Config, problems: Problems) -> None:
         for index, path in enumerate(get(cfg, key)):
             if not path.strip():
                 problems.add(f"{key}[{index}]", "is an empty path; remove it or give a file")
+    check_validation_split(cfg, problems)
     check_reward_lists(cfg, problems)
+
+
+def check_validation_split(cfg: Config, problems: Problems) -> None:
+    size = cfg.data.val_split_size
+    if size < 0 or (size >= 1 and size != int(size)):
+        problems.add("data.val_split_size", f"is {size}; give 0 (no split), a fraction in (0, 1) or a whole number "
+                     "of rows")
 
 
 def check_reward_lists(cfg: Config, problems: Problems) -> None:

@@ -358,6 +358,15 @@ class DataConfig:
     val_data: list[str]
     """Evaluation files; may be empty (no evaluation). `~` is expanded."""
 
+    val_split_size: float
+    """Rows of data.train_data held out as the validation set (NeMo RL's `split_validation_size`): 0 holds out
+    none; a fraction in (0, 1) holds out that share, rounded up; a whole number >= 1 that many rows. The rows are
+    those Hugging Face's `train_test_split(test_size, seed=val_split_seed)` holds out; they are evaluated with the
+    rows of data.val_data, if any (as NeMo RL merges them)."""
+
+    val_split_seed: int
+    """Seed of the permutation that picks the held-out rows of val_split_size (NeMo RL's dataset `seed`)."""
+
     prompt_key: str
     """Column holding the prompt."""
 

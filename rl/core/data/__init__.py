@@ -5,6 +5,7 @@ from rl.core.data.errors import DataError
 from rl.core.data.loading import load_prompt_dataset
 from rl.core.data.readers import FILE_READERS
 from rl.core.data.records import ChatMessage, PromptDataset, PromptRecord
+from rl.core.data.splitting import split_validation
 from rl.core.data.templates import PromptTemplate, load_prompt_template
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "iter_batches",
     "load_prompt_dataset",
     "load_prompt_template",
+    "split_validation",
 ]

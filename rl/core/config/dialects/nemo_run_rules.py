@@ -240,12 +240,78 @@ def data(layer: Layer) -> None:
     }
     keys = {key: value for key, value in keys.items() if value is not MISSING}
     _prompt_files(layer, keys)
+    _columns(layer, keys)
+    _validation_split(layer, keys)
     for key, value in keys.items():
-        if key.rsplit(".", 1)[-1] not in PROMPT_FILES:
+        if key.rsplit(".", 1)[-1] not in (*PROMPT_FILES, *COLUMNS, *SPLIT):
             _data_key(layer, key, value, keys)
 
 
 PROMPT_FILES = {"prompt_file": "data.prompt_template_file", "system_prompt_file": "data.system_prompt_file"}
+COLUMNS = {"input_key": ("data.prompt_key", "input"), "output_key": ("data.answer_key", "output")}
+"""NeMo RL's ResponseDataset (the class that reads `data_path`): its columns, our keys and its defaults."""
+SPLIT = ("split_validation_size", "seed")
+
+
+def _given(keys: dict[str, Any], split: str, name: str) -> str | None:
+    """The key that sets a dataset's `name`: its own, else data.default's, else the older top-level one (NeMo RL's
+    update_single_dataset_config fills a dataset's missing keys from data.default)."""
+    return next((key for key in (f"data.{split}.{name}", f"data.default.{name}", f"data.{name}") if key in keys),
+                None)
+
+
+def _reading_files(keys: dict[str, Any]) -> list[str]:
+    return [split for split in ("train", "validation") if f"data.{split}.data_path" in keys]
+
+
+def _columns(layer: Layer, keys: dict[str, Any]) -> None:
+    """`input_key` / `output_key` as data.prompt_key / answer_key, with ResponseDataset's defaults (`input`,
+    `output`) where a dataset that reads files names none; a file whose rows are `messages` is read as such either
+    way. One pair of columns serves every file here, so training and validation columns that differ are refused."""
+    splits = _reading_files(keys)
+    for name, (ours, default) in COLUMNS.items():
+        given = [key for key in keys if key.rsplit(".", 1)[-1] == name]
+        if not splits:
+            inert(layer, {key: keys[key] for key in given}, "no dataset of data_path is read")
+            continue
+        used = {split: _given(keys, split, name) for split in splits}
+        values = {split: keys[key] if key else default for split, key in used.items()}
+        if len(set(values.values())) > 1:
+            layer.refuse(used["validation"] or f"data.validation.{name}",
+                         f"gives the validation data column {values['validation']!r} and the training data "
+                         f"{values['train']!r}; one column serves every file here ({ours}): give both the same")
+            continue
+        chosen = [key for key in given if key in used.values()]
+        for key in chosen:
+            emit(layer, key, ours, values[splits[0]])
+        if not chosen and not layer.has(ours):
+            at = f"data.{splits[0]}.data_path"
+            emit(layer, at, ours, default, note=f"ResponseDataset reads the {default!r} column when {name} is not "
+                                               "given; so does this run")
+        inert(layer, {key: keys[key] for key in given if key not in chosen},
+              f"{name} of data.train / data.validation is used")
+
+
+def _validation_split(layer: Layer, keys: dict[str, Any]) -> None:
+    """The training dataset's `split_validation_size` / `seed` as data.val_split_size / val_split_seed: the same
+    rows held out (Hugging Face's train_test_split), evaluated with the validation files as NeMo RL merges them."""
+    size_key, seed_key = _given(keys, "train", SPLIT[0]), _given(keys, "train", SPLIT[1])
+    size = keys[size_key] if size_key else 0
+    if size_key and size:
+        emit(layer, size_key, "data.val_split_size", size)
+        if seed_key:
+            emit(layer, seed_key, "data.val_split_seed", keys[seed_key])
+        else:
+            layer.emit("data.val_split_seed", 42, at=size_key)  # ResponseDataset's default seed
+    for key in keys:
+        name = key.rsplit(".", 1)[-1]
+        if name not in SPLIT or (size and key in (size_key, seed_key)):
+            continue
+        if key.startswith("data.validation.") and name == SPLIT[0] and keys[key]:
+            layer.refuse(key, f"is {keys[key]}: NeMo RL would evaluate the rest of a split validation file; here "
+                              "data.validation's rows are evaluated whole: set it to 0")
+        else:
+            layer.inert(key, "no validation split is carved from the training data")
 
 
 def _prompt_files(layer: Layer, keys: dict[str, Any]) -> None:
@@ -282,31 +348,20 @@ def _data_key(layer: Layer, key: str, value: Any, keys: dict[str, Any]) -> None:
         emit(layer, key, "data.val_data", [])
     elif name == "data_path" and split in files:
         emit(layer, key, files[split], value if isinstance(value, list) else [value])
-    elif name in ("input_key", "output_key"):
-        emit(layer, key, "data.prompt_key" if name == "input_key" else "data.answer_key", value)
     elif name == "dataset_name":
         if any(other.endswith(".data_path") for other in keys) or value in ("ResponseDataset", None):
-            layer.inert(key, "the files of data_path are read")
+            layer.inert(key, "the files of data_path are read, as NeMo RL's ResponseDataset reads them")
         else:
             layer.refuse(
                 key,
                 f"is {value!r}, a dataset NeMo RL downloads by name: not available here; prepare it as "
                 "parquet or jsonl and give data.train.data_path (or data.train_data)",
             )
-    elif name == "split_validation_size":
-        if value in (None, 0, 0.0) or any(other.startswith("data.validation.") for other in keys):
-            layer.inert(key, "no validation split carved from the training data")
-        else:
-            layer.refuse(
-                key,
-                f"is {value}: carving a validation split from the training data is not available "
-                "here; give data.validation.data_path (or data.val_data)",
-            )
     elif name == "env_name":
         _environment(layer, key, value)
     elif name == "processor":
         layer.inert(key, "the prompt column is used as it is, with the model's chat template")
-    elif (name == "shuffle" and value is True) or name == "seed":
+    elif name == "shuffle" and value is True:
         layer.inert(key, "prompts are shuffled with trainer.seed each epoch, as here")
     elif name == "num_workers" or (name == "use_multiple_dataloader" and value is False):
         layer.inert(key, "changes speed only")

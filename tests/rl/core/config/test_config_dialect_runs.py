@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import textwrap
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -99,6 +100,10 @@ def test_nemo_1b_trains(job, tmp_path, recipe):
     # trainer's unknown-token warning shows the prompts it encodes were built with it (the task's own are not).
     (tmp_path / "cot.txt").write_text("Please solve:\n{}", encoding="utf-8")
     (tmp_path / "system.txt").write_text("Answer after ####.", encoding="utf-8")
+    # the task's rows in ResponseDataset's columns; validation is the recipe's 5% split of them (validation: null)
+    train = pq.read_table(job.train_data)
+    pq.write_table(train.rename_columns(["input" if n == "prompt" else "output" if n == "answer" else n
+                                         for n in train.column_names]), tmp_path / "train.parquet")
     config = tmp_path / "run.yaml"
     config.write_text(
         textwrap.dedent(f"""\
@@ -107,22 +112,27 @@ def test_nemo_1b_trains(job, tmp_path, recipe):
           model_name: {job.model_path}
           generation: {{backend: hf}}
         data:
-          train: {{data_path: {job.train_data}}}
-          validation: {{data_path: {job.val_data}}}
+          train: {{dataset_name: ResponseDataset, data_path: {tmp_path / "train.parquet"}}}
           default: {{prompt_file: {tmp_path / "cot.txt"}, system_prompt_file: {tmp_path / "system.txt"}}}
         """),
         encoding="utf-8",
     )
     run_dir = str(tmp_path / "run")
-    result = run_train(run_dir, [f"--config={config}", *job.overrides(steps=2)])
+    sizes = [o for o in job.overrides(steps=2) if not o.startswith(("data.", "trainer.eval_interval"))]
+    result = run_train(run_dir, [f"--config={config}", *sizes, "trainer.eval_interval=2"])
     _trained_two_steps(result, run_dir)
     output = result.stdout + result.stderr
     assert "NeMo RL keys read as ours" in output and "data.default.prompt_file -> data.prompt_template_file" in output
     assert "are the tokenizer's unknown token" in output  # "Please solve" of the template
+    assert (f"data: {train.num_rows - 4} training prompts, 4 validation prompts from {tmp_path / 'train.parquet'} "
+            "(validation split of 4 rows, seed 42)") in output  # ceil(0.05 x 64)
+    assert "val_accuracy" in read_metrics(os.path.join(run_dir, "metrics.jsonl"))[-1]
     saved = _saved(run_dir)
     _only_our_keys(saved)
     assert saved["trainer"]["strategy"] == ("megatron" if recipe == NEMO_1B_MEGATRON else "fsdp2")
     assert saved["data"]["reward_fn"] == ["gsm8k_flexible"]
+    assert [saved["data"][key] for key in ("prompt_key", "answer_key", "val_data", "val_split_size")] == [
+        "input", "output", [], 0.05]
     if recipe == NEMO_1B_MEGATRON:
         assert saved["trainer"]["policy"]["optimizer_config"]["lr_warmup_steps"] == 13
         assert saved["trainer"]["bf16"] is True

@@ -25,7 +25,7 @@ def _pointed(tmp_path, parent: str, extra: str = "") -> str:
     user would write it."""
     train, val = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
     for path in (train, val):
-        path.write_text('{"prompt": "1+1?", "answer": "2"}\n', encoding="utf-8")
+        path.write_text('{"input": "1+1?", "output": "2"}\n', encoding="utf-8")  # ResponseDataset's columns
     (tmp_path / "cot.txt").write_text("Think, then answer:\n{}", encoding="utf-8")
     path = tmp_path / "run.yaml"
     path.write_text(
@@ -46,7 +46,6 @@ def test_nemo_1b_as_written_refuses_only_missing_features():
     refused = refusals(config_file=NEMO_1B)
     assert set(refused) == {
         "data.train.dataset_name",
-        "data.train.split_validation_size",
         "data.prompt_template_file",  # data.default.prompt_file, NeMo RL's examples/prompts/cot.txt: not here
     }, refused
     assert "downloads by name" in refused["data.train.dataset_name"]
@@ -97,6 +96,9 @@ def test_nemo_1b_meanings(tmp_path, caplog):
     )
     assert trainer.placement.colocate_all is True
     assert cfg.data.train_data == [str(tmp_path / "train.jsonl")] and cfg.data.val_data == [str(tmp_path / "val.jsonl")]
+    # the recipe's OpenMathInstruct-2 split (0.05, seeded by grpo.seed), evaluated with the validation file
+    assert (cfg.data.val_split_size, cfg.data.val_split_seed) == (0.05, 42)
+    assert (cfg.data.prompt_key, cfg.data.answer_key) == ("input", "output")  # ResponseDataset's defaults
     assert (cfg.data.reward_fn, cfg.data.reward_num_workers) == (["gsm8k_flexible"], 8)
     assert (cfg.data.prompt_template_file, cfg.data.system_prompt_file) == (str(tmp_path / "cot.txt"), None)
     lines = config_lines(caplog)
@@ -124,6 +126,25 @@ def test_nemo_prompt_files_per_dataset(tmp_path, caplog):
         f"data.validation.prompt_file: gives the validation data None and the training data '{cot}'; one file "
         "serves every prompt here (data.prompt_template_file): give both the same"
     )
+
+
+def test_nemo_response_dataset_columns_and_split(tmp_path, caplog):
+    """ResponseDataset's input_key / output_key (a dataset's own over data.default's, `input` / `output` when none
+    is given) and its split_validation_size / seed, as NeMo RL's ResponseDataset reads them."""
+    data = [f"data.train.data_path={tmp_path}/t.jsonl", f"data.validation.data_path={tmp_path}/v.jsonl"]
+    cfg = load_logged(caplog, [*data, "data.default.input_key=problem", "data.train.output_key=expected_answer",
+                               "data.validation.output_key=expected_answer", "data.train.split_validation_size=64",
+                               "data.train.seed=3"])
+    assert (cfg.data.prompt_key, cfg.data.answer_key) == ("problem", "expected_answer")
+    assert (cfg.data.val_split_size, cfg.data.val_split_seed, cfg.data.val_data) == (64, 3, [f"{tmp_path}/v.jsonl"])
+    cfg = load_logged(caplog, [data[0], "data.train.split_validation_size=0.1"])
+    assert (cfg.data.prompt_key, cfg.data.answer_key, cfg.data.val_split_seed) == ("input", "output", 42)
+    assert "ResponseDataset reads the 'input' column when input_key is not given" in "\n".join(config_lines(caplog))
+    refused = refusals([*data, "data.train.input_key=problem", "data.validation.split_validation_size=0.5"])
+    assert refused["data.validation.input_key"].endswith(
+        "gives the validation data column 'input' and the training data 'problem'; one column serves every file "
+        "here (data.prompt_key): give both the same")
+    assert "data.validation's rows are evaluated whole" in refused["data.validation.split_validation_size"]
 
 
 def test_nemo_1b_megatron_inherits_and_ignores_the_disabled_dtensor_block(tmp_path, caplog):
