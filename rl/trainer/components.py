@@ -57,7 +57,8 @@ def make_engine(cfg, model_path: str, tokenizer, placement: Placement):
                       enable_prefix_caching=gen.enable_prefix_caching,
                       max_num_batched_tokens=gen.max_num_batched_tokens, max_num_seqs=gen.max_num_seqs,
                       max_model_len=gen.max_prompt_length + gen.max_generate_length, seed=cfg.trainer.seed,
-                      own_process=True)  # each engine actor holds its engine for its life
+                      own_process=True,  # each engine actor holds its engine for its life
+                      engine_kwargs=dict(gen.engine_init_kwargs))
     # engines of their own, or sharing the workers' devices (sleep mode frees them while the workers train)
     options = placement.engine_options if placement.plan.engines else placement.colocated_engine_options
     asynchronous = cfg.trainer.fully_async

@@ -10,6 +10,7 @@ ConfigError naming the key."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 
@@ -17,6 +18,7 @@ import torch
 
 from rl.core.config import ConfigError
 from rl.core.config.choices import MODEL_REWARDS
+from rl.core.config.errors import did_you_mean
 from rl.core.data import DataError, load_prompt_dataset, load_prompt_template, split_validation
 from rl.trainer.agents import agent_problems
 from rl.trainer.companion_models import companion_model_problems
@@ -326,6 +328,22 @@ def _weight_sync_problems(cfg, ray_address: str | None) -> list[str]:
             "broadcast from rank 0 over gloo), or leave it unset to pick one for the placement"]
 
 
+def _engine_kwargs_problems(cfg) -> list[str]:
+    """generator.engine_init_kwargs name arguments of this vLLM's engine (vLLM would refuse them in every engine
+    actor, after Ray and the workers started)."""
+    extra = cfg.generator.engine_init_kwargs
+    if not extra:
+        return []
+    try:
+        import vllm
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError:  # the engines' own vLLM checks them
+        return []
+    known = [field.name for field in dataclasses.fields(EngineArgs)]
+    return [f"generator.engine_init_kwargs.{name}: not an argument of vllm.LLM (vLLM {vllm.__version__}'s "
+            f"EngineArgs){did_you_mean(name, known)}" for name in extra if name not in known]
+
+
 def _placement_problems(cfg, ray_address: str | None) -> list[str]:
     from rl.trainer.placement import fit_problems, machine_cores
 
@@ -340,7 +358,7 @@ def preflight(cfg, ray_address: str | None = None) -> None:
                 *_reward_model_problems(cfg), *_environment_problems(cfg),
                 *_prompt_room_problems(cfg, loaded), *_prompt_length_problems(cfg, loaded), *agent_problems(cfg),
                 *_resume_problems(cfg), *_writable_problems(cfg), *_kernel_problems(cfg, ray_address),
-                *_weight_sync_problems(cfg, ray_address),
+                *_weight_sync_problems(cfg, ray_address), *_engine_kwargs_problems(cfg),
                 *_placement_problems(cfg, ray_address), *companion_model_problems(cfg), *memory_problems(cfg)]
     if problems:
         raise ConfigError(problems)

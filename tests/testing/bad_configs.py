@@ -425,9 +425,12 @@ BAD = {
                                                 ("set max_ckpts_to_keep to the number to keep",)),
     "skyrl_dppo_loss": Bad(["trainer.algorithm.policy_loss_type=dppo"],
                            "trainer.algorithm.policy_loss_type", ("DPPO's divergence-masked loss",)),
-    "skyrl_engine_init_kwargs": Bad(["generator.inference_engine.engine_init_kwargs.max_model_len=4096"],
-                                    "generator.inference_engine.engine_init_kwargs.max_model_len",
-                                    ("extra vLLM engine arguments",)),
+    "skyrl_engine_argument_of_a_key": Bad(
+        ["generator.backend=vllm", "generator.inference_engine.engine_init_kwargs.max_model_len=4096"],
+        "generator.engine_init_kwargs.max_model_len",
+        ("is set by generator.max_prompt_length + generator.max_generate_length: give that instead",)),
+    "engine_arguments_for_hf": Bad(["generator.engine_init_kwargs={enforce_eager: false}"],
+                                   "generator.engine_init_kwargs", ("generator.backend=hf", "generator.backend=vllm")),
     # strategy blocks, checked by the libraries' own definitions
     "deepspeed_stage_7": Bad(["trainer.strategy=deepspeed", "deepspeed_config.train.zero_optimization.stage=7"],
                              "deepspeed_config.train.zero_optimization.stage", ("DeepSpeed refuses it",)),

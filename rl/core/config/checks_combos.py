@@ -167,6 +167,39 @@ def check_weight_sync_backend(cfg: Config, problems: Problems) -> None:
                      "trainer.placement.colocate_all=false")
 
 
+ENGINE_ARGUMENTS_OF_KEYS = {
+    "model": "trainer.policy.model.path", "tokenizer": "trainer.policy.model.path",
+    "tensor_parallel_size": "generator.inference_engine_tensor_parallel_size",
+    "gpu_memory_utilization": "generator.gpu_memory_utilization",
+    "enable_prefix_caching": "generator.enable_prefix_caching",
+    "max_num_batched_tokens": "generator.max_num_batched_tokens", "max_num_seqs": "generator.max_num_seqs",
+    "max_model_len": "generator.max_prompt_length + generator.max_generate_length", "seed": "trainer.seed",
+}
+"""`vllm.LLM` arguments set from keys of ours."""
+ENGINE_ARGUMENTS_KEPT = {
+    "logprobs_mode": "the trainer's ratios and checks use the logprobs after temperature and top-p/k",
+    "enable_sleep_mode": "sleep follows the placement (engines sharing the training GPUs sleep while they train)",
+    "worker_extension_cls": "weight sync loads the policy's weights through this project's worker extension",
+    "distributed_executor_backend": "an engine's tensor-parallel workers are placed by the placement group",
+}
+"""`vllm.LLM` arguments the trainer sets for itself."""
+
+
+def check_engine_kwargs(cfg: Config, problems: Problems) -> None:
+    """generator.engine_init_kwargs go to vLLM only, never in place of a key of ours or an argument the trainer
+    sets (the names vLLM knows are checked in preflight, where vLLM may be imported)."""
+    key, extra = "generator.engine_init_kwargs", cfg.generator.engine_init_kwargs
+    if extra and cfg.generator.backend != "vllm":
+        problems.add(key, f"are {extra}, arguments of vllm.LLM, but generator.backend={cfg.generator.backend}; "
+                     "remove them or set generator.backend=vllm")
+        return
+    for name in extra:
+        if name in ENGINE_ARGUMENTS_OF_KEYS:
+            problems.add(f"{key}.{name}", f"is set by {ENGINE_ARGUMENTS_OF_KEYS[name]}: give that instead")
+        elif name in ENGINE_ARGUMENTS_KEPT:
+            problems.add(f"{key}.{name}", f"is set by the trainer: {ENGINE_ARGUMENTS_KEPT[name]}; remove it")
+
+
 def check_engine_devices(cfg: Config, problems: Problems) -> None:
     """vLLM engines are colocated with the policy's workers: engines * engine TP must divide their devices."""
     gen = cfg.generator

@@ -278,6 +278,12 @@ class GeneratorConfig:
     max_num_seqs: int
     """vLLM: most sequences an engine runs at once, >= 1."""
 
+    engine_init_kwargs: dict[str, Any]
+    """vLLM: further arguments of `vllm.LLM` for every engine (SkyRL's key), e.g. `{enforce_eager: false,
+    kv_cache_dtype: fp8}`; names vLLM's `EngineArgs` does not have are refused before anything starts, and so are
+    the arguments the keys above set (give those keys) and those the trainer relies on (`logprobs_mode`,
+    `enable_sleep_mode`, `worker_extension_cls`, `distributed_executor_backend`). The hf engine takes none."""
+
     weight_sync_bucket_mb: int
     """Weight sync after each step: the policy's weights go to the engines in buckets of about this many MiB,
     gathered and sent one at a time (never the whole model on one rank), >= 1."""

@@ -52,6 +52,7 @@ CHECKS: tuple[Callable[[Config, Problems], None], ...] = (
     checks_combos.check_kl_and_policy_loss,
     checks_combos.check_engine_devices,
     checks_combos.check_weight_sync_backend,
+    checks_combos.check_engine_kwargs,
     checks_combos.check_reward_shaping,
     checks_combos.check_environment,
     checks_combos.check_reward_models,

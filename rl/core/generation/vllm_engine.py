@@ -73,7 +73,7 @@ class VLLMGenerationEngine(GenerationEngine):
                  tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.8,
                  enable_prefix_caching: bool = True, max_num_batched_tokens: int = 8192, max_num_seqs: int = 1024,
                  max_model_len: int | None = None, seed: int = 0, dtype: str | None = None,
-                 own_process: bool = False):
+                 own_process: bool = False, engine_kwargs: dict[str, Any] | None = None):
         from vllm import LLM
 
         if not isinstance(model, str | os.PathLike):
@@ -88,7 +88,7 @@ class VLLMGenerationEngine(GenerationEngine):
         placed = tensor_parallel_size > 1 and bool(os.environ.get("VLLM_RAY_BUNDLE_INDICES"))
         if own_process and self.device.type == "cpu" and tensor_parallel_size == 1:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        self.llm = LLM(
+        arguments = dict(
             model=path, tokenizer=tokenizer if isinstance(tokenizer, str | os.PathLike) else None,
             dtype=dtype or checkpoint_dtype(config), tensor_parallel_size=tensor_parallel_size,
             gpu_memory_utilization=gpu_memory_utilization,
@@ -97,6 +97,7 @@ class VLLMGenerationEngine(GenerationEngine):
             logprobs_mode="processed_logprobs", enable_sleep_mode=self.sleeps, worker_extension_cls=WORKER_EXTENSION,
             distributed_executor_backend="ray" if placed else None,
         )
+        self.llm = LLM(**{**arguments, **(engine_kwargs or {})})  # generator.engine_init_kwargs
         self.tokenizer = self.llm.get_tokenizer()
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.weight_shapes = checkpoint_shapes(path)

@@ -47,6 +47,11 @@ MACHINE = {
     "model_without_config": Bad(["trainer.policy.model.path={tmp}"], "trainer.policy.model.path",
                                 ("no config.json",)),
     "cuda_kernels_without_cuda": Bad(["trainer.kernels=cuda"], "trainer.kernels", ("needs a CUDA device",)),
+    "engine_argument_unknown_to_vllm": Bad(
+        ["generator.backend=vllm", "generator.engine_init_kwargs.enforce_eagr=false"],
+        "generator.engine_init_kwargs.enforce_eagr", ("not an argument of vllm.LLM", "did you mean 'enforce_eager'?")),
+    "val_split_leaves_too_few": Bad([*ON_DATA, "data.val_split_size=3"], "trainer.train_batch_size",
+                                    ("data.train_data holds 3 after data.val_split_size holds out 3",)),
     "triton_kernels_without_cuda": Bad(["trainer.kernels=triton"], "trainer.kernels", ("needs a CUDA device",)),
     "nccl_weight_sync_without_cuda": Bad(["generator.weight_sync_backend=nccl", "trainer.placement.colocate_all=false"],
                                          "generator.weight_sync_backend", ("nccl needs a CUDA device", "use gloo")),

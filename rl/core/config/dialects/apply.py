@@ -111,6 +111,16 @@ def emit_alias(layer: Layer, key: str, entry: Alias, dialect: str, value: Any, i
         layer.differs(key, dialect, entry.differs)
 
 
+def move_mapping(layer: Layer, theirs: str, ours: str, dialect: str) -> None:
+    """Another project's free-form mapping (`theirs`, whole or key by key) as the same entries of ours."""
+    layer.expand(theirs)
+    for key in layer.names(theirs):
+        value = layer.take(key)
+        target = ours + key[len(theirs):]
+        layer.emit(target, {} if key == theirs and value is None else value)
+        layer.alias(key, target, dialect)
+
+
 def take_all(layer: Layer, prefix: str) -> dict[str, Any]:
     """Every key left under `prefix` with its parsed value, consumed."""
     return {key: layer.take(key) for key in layer.names(prefix)}
@@ -129,6 +139,7 @@ __all__ = [
     "apply_entry",
     "given",
     "is_ours",
+    "move_mapping",
     "parse",
     "take_all",
     "translate",

@@ -176,15 +176,7 @@ def _generation() -> dict[str, Entry]:
         GEN + "real_quant_export_cpu_offload": speed_only("quantized weight export"),
         GEN + "refit_cfg.*": ignored("used only with the nixl refit transport"),
         MCORE_GEN + "*": ignored("used only with NeMo RL's Megatron generation backend"),
-        GEN + "vllm_kwargs": feature_off(
-            "extra vLLM engine arguments (vllm_kwargs)",
-            "remove them; the engine keys of generator.* are passed to vLLM",
-            ({}, None),
-        ),
-        GEN + "vllm_kwargs.*": Refused(
-            "extra vLLM engine arguments (vllm_kwargs)",
-            "remove them; the engine keys of generator.* are passed to vLLM",
-        ),
+        GEN + "vllm_kwargs": ByRule("generator.engine_init_kwargs"),
         GEN + "colocated.enabled": Alias("trainer.placement.colocate_all"),
         GEN + "colocated.resources.*": ByRule("generator.num_inference_engines (engines on devices of their own)"),
         VLLM + "async_engine": speed_only("vLLM's async engine"),

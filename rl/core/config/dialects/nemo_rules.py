@@ -7,6 +7,7 @@ import types
 from typing import Any
 
 from rl.core.config import strategies
+from rl.core.config.dialects.apply import move_mapping
 from rl.core.config.dialects.layer import MISSING, Layer
 from rl.core.config.dialects.nemo import GEN, MC, VLLM, P
 from rl.core.config.dialects.skyrl_rules import expert_tensor_parallel
@@ -446,7 +447,13 @@ def _dense_only(layer: Layer, key: str, value: Any):
     return check
 
 
+def engine_kwargs(layer: Layer) -> None:
+    """`policy.generation.vllm_kwargs`: further arguments of every vLLM engine, as generator.engine_init_kwargs."""
+    move_mapping(layer, GEN + "vllm_kwargs", "generator.engine_init_kwargs", NEMO)
+
+
 RULES = (
+    engine_kwargs,
     lengths,
     batch_sizes,
     advantages,

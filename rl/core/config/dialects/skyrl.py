@@ -370,15 +370,7 @@ def table() -> Mapping[str, Entry]:
             "generator.weight_sync_backend; SkyRL's nccl with colocated engines (CUDA IPC there) is our null"
         ),
         f"{IE}weight_transfer_threshold_cuda_ipc_GB": Alias(f"{G}weight_sync_bucket_mb", convert=_gb_to_mib),
-        f"{IE}engine_init_kwargs": feature_off(
-            "extra vLLM engine arguments (engine_init_kwargs)",
-            "remove them; the engine keys of generator.* are passed to vLLM",
-            ({}, None),
-        ),
-        f"{IE}engine_init_kwargs.*": Refused(
-            "extra vLLM engine arguments (engine_init_kwargs)",
-            "remove them; the engine keys of generator.* are passed to vLLM",
-        ),
+        f"{IE}engine_init_kwargs": ByRule("generator.engine_init_kwargs"),
         f"{IE}run_engines_locally": only(
             (True,), "engines are started by the run, as here", "external inference servers", "set it to true"
         ),
@@ -451,15 +443,6 @@ def table() -> Mapping[str, Entry]:
         f"{G}served_model_name": feature_off("another name for the endpoint's model (it serves the policy under its "
                                              "model path)", "remove it"),
         f"{G}override_existing_update_group": ignored("weight-sync groups are made once per run here"),
-        f"{G}engine_init_kwargs": feature_off(
-            "extra vLLM engine arguments (engine_init_kwargs)",
-            "remove them; the engine keys of generator.* are passed to vLLM",
-            ({}, None),
-        ),
-        f"{G}engine_init_kwargs.*": Refused(
-            "extra vLLM engine arguments (engine_init_kwargs)",
-            "remove them; the engine keys of generator.* are passed to vLLM",
-        ),
         f"{G}rope_scaling": feature_off("RoPE scaling overrides", "remove it"),
         f"{G}rope_theta": feature_off("RoPE overrides", "remove it"),
         f"{G}chat_template.source": only(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rl.core.config.defaults import get
+from rl.core.config.dialects.apply import move_mapping
 from rl.core.config.dialects.layer import MISSING, Layer
 from rl.core.config.dialects.skyrl import ESP, IE, MEGATRON, REF_LAYOUT, G, T
 
@@ -337,7 +338,13 @@ def cispo(layer: Layer) -> None:
         layer.inert(block + "cispo_anchor", "the ratio to the old policy, as here")
 
 
+def engine_kwargs(layer: Layer) -> None:
+    """SkyRL's 2026 spelling of the extra vLLM arguments (its 2025 one, generator.engine_init_kwargs, is ours)."""
+    move_mapping(layer, f"{IE}engine_init_kwargs", f"{G}engine_init_kwargs", SKYRL)
+
+
 RULES = (
+    engine_kwargs,
     megatron_kwargs,
     intervals,
     resume,

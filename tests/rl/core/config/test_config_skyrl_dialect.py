@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 import rl.backends.registry  # noqa: F401  (registers the training strategies the config names)
+from rl.core.config import load_config
 from tests.rl.core.config.dialect_loading import config_lines, load_logged, refusals
 from tests.rl.core.config.skyrl_scripts import SKYRL_SCRIPTS, skyrl_args
 from tests.rl.core.config.upstream_configs import SKYRL_DEFAULTS
@@ -163,7 +164,18 @@ def test_skyrl_deprecated_tis_and_cispo_offsets(caplog):
     assert "lower bound on the CISPO weight" in refused["trainer.algorithm.cispo.cispo_eps_clip_low"]
 
 
-def test_engine_arguments_are_refused_not_dropped():
-    key = "generator.inference_engine.engine_init_kwargs"
-    assert "extra vLLM engine arguments" in refusals([f"{key}={{enable_sleep_mode: true}}"])[key]
-    assert "extra vLLM engine arguments" in refusals([f"{key}.enable_sleep_mode=true"])[key + ".enable_sleep_mode"]
+def test_engine_arguments_reach_vllm_unless_a_key_sets_them():
+    """SkyRL's engine_init_kwargs (2025 and 2026 spellings) and NeMo RL's vllm_kwargs are the arguments every vLLM
+    engine gets here too, except those a key of ours or the trainer sets."""
+    vllm = "generator.backend=vllm"
+    for given in ("generator.inference_engine.engine_init_kwargs={enforce_eager: false, kv_cache_dtype: fp8}",
+                  "generator.engine_init_kwargs={enforce_eager: false, kv_cache_dtype: fp8}",
+                  "policy.generation.vllm_kwargs={enforce_eager: false, kv_cache_dtype: fp8}"):
+        cfg = load_config([vllm, given])
+        assert cfg.generator.engine_init_kwargs == {"enforce_eager": False, "kv_cache_dtype": "fp8"}, given
+    cfg = load_config([vllm, "generator.inference_engine.engine_init_kwargs.swap_space=2"])
+    assert cfg.generator.engine_init_kwargs == {"swap_space": 2}
+    key = "generator.engine_init_kwargs"
+    refused = refusals([vllm, "generator.inference_engine.engine_init_kwargs={enable_sleep_mode: true, seed: 1}"])
+    assert "is set by the trainer: sleep follows the placement" in refused[f"{key}.enable_sleep_mode"]
+    assert refused[f"{key}.seed"].endswith("is set by trainer.seed: give that instead")

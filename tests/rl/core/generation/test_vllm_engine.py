@@ -24,8 +24,13 @@ def job(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(job):
+    # max_logprobs: an argument of vllm.LLM no key of ours sets (generator.engine_init_kwargs)
     return build_engine("vllm", str(job.model_path), str(job.model_path), device="cpu", gpu_memory_utilization=0.2,
-                        max_model_len=512, dtype="float32")
+                        max_model_len=512, dtype="float32", engine_kwargs={"max_logprobs": 5})
+
+
+def test_engine_arguments_reach_vllm(engine):
+    assert engine.llm.llm_engine.model_config.max_logprobs == 5
 
 
 @pytest.fixture(scope="module")
