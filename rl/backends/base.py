@@ -8,6 +8,7 @@ the optimizer and its schedule — lives here, so a strategy module only says ho
 from __future__ import annotations
 
 import abc
+import functools
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from rl.backends.hidden_loss import hidden_logprobs, hidden_policy_loss
 from rl.backends.ulysses import SequenceParallel, gradient_scale
 from rl.backends.weight_sync import Bucket, bucketed
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
+from rl.core.algorithms.lr_schedule import lr_factor
 from rl.core.algorithms.sft_loss import SupervisedLossSettings
 from rl.core.algorithms.value_loss import ValueLossSettings, compute_value_loss
 from rl.core.packing import PackedBatch
@@ -49,6 +51,9 @@ class ModelSpec:
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = 1.0
     lr_warmup_steps: int = 0
+    scheduler: str = "constant"  # after the warm-up (rl.core.algorithms.lr_schedule)
+    min_lr: float = 0.0
+    lr_decay_steps: int = 0  # the optimizer step at which a decay reaches min_lr
     backend_options: dict | None = None  # the strategy's own settings (StrategyConfig.backend_options)
     kernels: str = "auto"  # trainer.kernels: implementation of the token-logprob op (rl.kernels.ops)
     fused_kernels: bool = False  # trainer.policy.use_fused_kernels: loss and logprobs from hidden states, chunked
@@ -185,7 +190,7 @@ class TrainingBackend(abc.ABC):
         fused = self.dist.device.type in ("cpu", "cuda")
         self.optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay,
                                            fused=fused)
-        self.scheduler = warmup_schedule(self.optimizer, spec.lr_warmup_steps)
+        self.scheduler = lr_schedule(self.optimizer, spec)
 
     def use_sequence_parallel(self, model: nn.Module) -> None:
         """Ulysses over groups of spec.sequence_parallel_size ranks for a Hugging Face `model` loaded with
@@ -313,10 +318,13 @@ def weights_finite(params: Iterable[Tensor]) -> bool:
     return True
 
 
-def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Every strategy's LR schedule: linear warm-up over `warmup_steps` optimizer steps, then constant."""
-    warmup = max(warmup_steps, 0)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+def lr_schedule(optimizer: torch.optim.Optimizer, spec: ModelSpec) -> torch.optim.lr_scheduler.LambdaLR:
+    """Every strategy's LR schedule (`rl.core.algorithms.lr_schedule`): the spec's warm-up, then constant or its
+    decay to min_lr."""
+    ratio = spec.min_lr / spec.lr if spec.lr else 0.0
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(
+        lr_factor, warmup=spec.lr_warmup_steps, scheduler=spec.scheduler, decay_steps=spec.lr_decay_steps,
+        min_ratio=ratio))
 
 
 def placeholder_batch() -> PackedBatch:

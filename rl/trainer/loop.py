@@ -70,7 +70,8 @@ class Trainer:
         self.engine = components.make_engine(cfg, self.model_path, self.tokenizer, self.placement)
         print(f"generation: {cfg.generator.backend} engine on {self.engine.device}", flush=True)
         clock.mark("engine")
-        setup_worker_groups(cfg, self.model_path, started, cfg.trainer.critic.model.path, sources.ref_path)
+        setup_worker_groups(cfg, self.model_path, started, cfg.trainer.critic.model.path, sources.ref_path,
+                            self.total_steps)
         for what, group in (("training", self.group), ("reference", self.ref_group), ("critic", self.critic_group)):
             if group is not None:
                 print(f"{what} workers: " + ", ".join(f"rank {r}: {p}" for r, p in enumerate(group.places)),

@@ -67,7 +67,7 @@ class SupervisedTrainer:
         cfg, trainer = self.cfg, self.cfg.trainer
         started = start_workers(cfg)
         self.group, self.ref_group = started.group, started.ref_group
-        policy, ref = supervised_specs(cfg, self.model_path, self.with_ref)
+        policy, ref = supervised_specs(cfg, self.model_path, self.with_ref, self.total_steps)
         backend = STRATEGIES.get(trainer.strategy).backend
         self.group.setup(backend, policy, ref if self.ref_group is None else None)
         if self.ref_group is not None and ref is not None:
@@ -190,11 +190,11 @@ class SupervisedTrainer:
         pass
 
 
-def supervised_specs(cfg, model_path: str, with_ref: bool) -> tuple[ModelSpec, ModelSpec | None]:
+def supervised_specs(cfg, model_path: str, with_ref: bool, steps: int = 0) -> tuple[ModelSpec, ModelSpec | None]:
     """The policy's spec as the RL run builds it, at temperature 1 and on the unfused loss path (the supervised
     losses take token logprobs); with `with_ref` the frozen reference (the starting weights; a LoRA policy is its
-    own reference, adapters off, so none)."""
-    policy, _ = model_specs(cfg, model_path)
+    own reference, adapters off, so none). `steps`: the run's steps, one optimizer step each."""
+    policy, _ = model_specs(cfg, model_path, optimizer_steps=steps)
     policy = dataclasses.replace(policy, temperature=1.0, fused_kernels=False)
     if not with_ref or policy.lora:
         return policy, None

@@ -22,10 +22,29 @@ def make_placement(cfg) -> Placement:
     return Placement(make_plan(cfg, torch.cuda.is_available(), machine_cores()), ACTOR_ENV)
 
 
-def model_specs(cfg, model_path: str, ref_path: str | None = None) -> tuple[ModelSpec, ModelSpec | None]:
+def optimizer_fields(opt, run_optimizer_steps: int) -> dict:
+    """A ModelSpec's optimizer settings from an optimizer_config block; a decay without lr_decay_steps ends at the
+    run's last optimizer step (`run_optimizer_steps`)."""
+    return dict(lr=opt.lr, weight_decay=opt.weight_decay, betas=tuple(opt.betas), max_grad_norm=opt.max_grad_norm,
+                lr_warmup_steps=opt.lr_warmup_steps, scheduler=opt.scheduler, min_lr=opt.min_lr,
+                lr_decay_steps=opt.lr_decay_steps or run_optimizer_steps)
+
+
+def run_optimizer_steps(cfg, role: str, training_steps: int) -> int:
+    """The optimizer steps of a run of `training_steps` RL steps: each trains every mini-batch of its prompts
+    update_epochs_per_batch times (the critic's mini-batches are critic_mini_batch_size prompts)."""
+    trainer = cfg.trainer
+    mini = trainer.policy_mini_batch_size
+    if role == "critic":
+        mini = trainer.critic_mini_batch_size or mini
+    return training_steps * (trainer.train_batch_size // mini) * trainer.update_epochs_per_batch
+
+
+def model_specs(cfg, model_path: str, ref_path: str | None = None,
+                optimizer_steps: int = 0) -> tuple[ModelSpec, ModelSpec | None]:
     """What each worker builds: the policy, and the reference when a KL needs one (from `ref_path`, e.g. a
     distillation teacher, else the policy's starting weights); the strategy supplies its own settings for each
-    (`StrategyConfig.backend_options`)."""
+    (`StrategyConfig.backend_options`). `optimizer_steps`: the policy's optimizer steps in the whole run."""
     trainer, opt, strategy = cfg.trainer, cfg.trainer.policy.optimizer_config, STRATEGIES.get(cfg.trainer.strategy)
     common = {"path": model_path, "temperature": cfg.generator.temperature, "kernels": trainer.kernels,
               "fused_kernels": trainer.policy.use_fused_kernels,
@@ -34,9 +53,8 @@ def model_specs(cfg, model_path: str, ref_path: str | None = None) -> tuple[Mode
               "flash_attn": trainer.flash_attn}
     lora = trainer.policy.model.lora
     policy = ModelSpec(
-        role="policy", gradient_checkpointing=trainer.gradient_checkpointing, lr=opt.lr,
-        weight_decay=opt.weight_decay, betas=tuple(opt.betas), max_grad_norm=opt.max_grad_norm,
-        lr_warmup_steps=opt.lr_warmup_steps, backend_options=strategy.backend_options(cfg, "policy"),
+        role="policy", gradient_checkpointing=trainer.gradient_checkpointing, **optimizer_fields(opt, optimizer_steps),
+        backend_options=strategy.backend_options(cfg, "policy"),
         lora=dataclasses.asdict(lora) if lora.rank > 0 else None, **common)
     if not needs_reference(cfg) or (policy.lora and not ref_path):  # a LoRA policy is its own reference
         return policy, None
@@ -65,29 +83,29 @@ def start_workers(cfg) -> StartedWorkers:
     return StartedWorkers(placement, group, ref_group, critic_group)
 
 
-def critic_spec(cfg, critic_path: str | None) -> ModelSpec | None:
-    """The critic of `advantage_estimator=gae` (`trainer.critic`); None otherwise."""
+def critic_spec(cfg, critic_path: str | None, optimizer_steps: int = 0) -> ModelSpec | None:
+    """The critic of `advantage_estimator=gae` (`trainer.critic`); None otherwise. `optimizer_steps`: the critic's
+    optimizer steps in the whole run."""
     trainer = cfg.trainer
     if trainer.algorithm.advantage_estimator != "gae":
         return None
     opt, lora = trainer.critic.optimizer_config, trainer.critic.model.lora
     return ModelSpec(
         path=critic_path, role="critic", lora=dataclasses.asdict(lora) if lora.rank > 0 else None, temperature=1.0,
-        gradient_checkpointing=trainer.gradient_checkpointing,
-        lr=opt.lr, weight_decay=opt.weight_decay, betas=tuple(opt.betas), max_grad_norm=opt.max_grad_norm,
-        lr_warmup_steps=opt.lr_warmup_steps, kernels=trainer.kernels, bf16=trainer.bf16,
+        gradient_checkpointing=trainer.gradient_checkpointing, **optimizer_fields(opt, optimizer_steps),
+        kernels=trainer.kernels, bf16=trainer.bf16,
         flash_attn=trainer.flash_attn, backend_options=STRATEGIES.get(trainer.strategy).backend_options(cfg, "critic"),
         sequence_parallel_size=trainer.critic.sequence_parallel_size)
 
 
 def setup_worker_groups(cfg, model_path: str, started: StartedWorkers, critic_path: str | None = None,
-                        ref_path: str | None = None) -> None:
+                        ref_path: str | None = None, training_steps: int = 0) -> None:
     """Every worker builds its models: the policy, the reference and the critic (from `critic_path`, the policy's
     model unless trainer.critic.model.path names one), each on the policy's workers unless it has a group of its
-    own."""
+    own. `training_steps`: the run's steps (a learning-rate decay spans their optimizer steps)."""
     backend = STRATEGIES.get(cfg.trainer.strategy).backend
-    policy, ref = model_specs(cfg, model_path, ref_path)
-    critic = critic_spec(cfg, critic_path or model_path)
+    policy, ref = model_specs(cfg, model_path, ref_path, run_optimizer_steps(cfg, "policy", training_steps))
+    critic = critic_spec(cfg, critic_path or model_path, run_optimizer_steps(cfg, "critic", training_steps))
     own_ref, own_critic = started.ref_group, started.critic_group
     started.group.setup(backend, policy, None if own_ref is not None else ref,
                         None if own_critic is not None else critic)

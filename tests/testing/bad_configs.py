@@ -363,6 +363,13 @@ BAD = {
     "non_finite_unknown": Bad(["trainer.non_finite=ignore"], "trainer.non_finite", ("fail, skip",)),
     "truncation_unknown": Bad(["data.truncation=drop"], "data.truncation", ("left, right, middle, error",)),
     "reward_fn_empty_list": Bad(["data.reward_fn=[]"], "data.reward_fn", ("is empty",)),
+    "min_lr_without_a_decay": Bad(["trainer.policy.optimizer_config.min_lr=1e-7"],
+                                  "trainer.policy.optimizer_config.min_lr",
+                                  ("scheduler=constant does not decay", "cosine or linear")),
+    "decay_ending_in_the_warm_up": Bad(
+        ["trainer.critic.optimizer_config.scheduler=cosine", "trainer.critic.optimizer_config.lr_warmup_steps=10",
+         "trainer.critic.optimizer_config.lr_decay_steps=10"], "trainer.critic.optimizer_config.lr_decay_steps",
+        ("not past the 10 warm-up steps",)),
     "val_split_size_not_whole": Bad(["data.val_split_size=2.5"], "data.val_split_size",
                                     ("a fraction in (0, 1) or a whole number",)),
     "dynamic_sampling_unknown": Bad(["trainer.algorithm.dynamic_sampling.type=filtr"],

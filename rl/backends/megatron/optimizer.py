@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from rl.backends.base import ModelSpec, warmup_schedule
+from rl.backends.base import ModelSpec, lr_schedule
 from rl.backends.host_optimizer import HostAdamW
 from rl.backends.megatron import checkpoint as ckpt
 
@@ -47,12 +47,12 @@ def _megatron_optimizer(ddp_chunks: list, spec: ModelSpec):
     return get_megatron_optimizer(config, ddp_chunks, config_overrides={})
 
 
-class WarmupLR:
-    """Every strategy's schedule (`base.warmup_schedule`) over several torch optimizers, stepped together (a LambdaLR
+class ScheduledLR:
+    """Every strategy's schedule (`base.lr_schedule`) over several torch optimizers, stepped together (a LambdaLR
     needs one torch optimizer)."""
 
-    def __init__(self, optimizers: list[torch.optim.Optimizer], warmup: int):
-        self.schedulers = [warmup_schedule(opt, warmup) for opt in optimizers]
+    def __init__(self, optimizers: list[torch.optim.Optimizer], spec: ModelSpec):
+        self.schedulers = [lr_schedule(opt, spec) for opt in optimizers]
 
     @property
     def steps(self) -> int:
@@ -81,7 +81,7 @@ class MegatronAdam:
         if offload:
             trained = [p for chunk in ddp_chunks for p in chunk.module.parameters() if p.requires_grad]
             self.host = HostAdamW(trained, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay)
-        self.scheduler = WarmupLR(self.torch_optimizers(), spec.lr_warmup_steps)
+        self.scheduler = ScheduledLR(self.torch_optimizers(), spec)
 
     def torch_optimizers(self) -> list[torch.optim.Optimizer]:
         """The torch optimizers that apply the update (none on a rank without such parameters)."""

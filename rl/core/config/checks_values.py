@@ -228,7 +228,26 @@ def check_lists(cfg: Config, problems: Problems) -> None:
             if not path.strip():
                 problems.add(f"{key}[{index}]", "is an empty path; remove it or give a file")
     check_validation_split(cfg, problems)
+    check_lr_schedules(cfg, problems)
     check_reward_lists(cfg, problems)
+
+
+def check_lr_schedules(cfg: Config, problems: Problems) -> None:
+    for block, opt in (("trainer.policy.optimizer_config.", cfg.trainer.policy.optimizer_config),
+                       ("trainer.critic.optimizer_config.", cfg.trainer.critic.optimizer_config)):
+        if opt.scheduler not in choices.LR_SCHEDULERS:
+            problems.add(block + "scheduler", f"unknown scheduler {opt.scheduler!r}; use any of: "
+                         f"{', '.join(choices.LR_SCHEDULERS)}{did_you_mean(opt.scheduler, choices.LR_SCHEDULERS)}")
+        elif opt.scheduler == "constant":
+            for name, off in (("min_lr", 0), ("lr_decay_steps", None)):
+                if getattr(opt, name) != off:
+                    problems.add(block + name, f"is {getattr(opt, name)}, but {block}scheduler=constant does not "
+                                 "decay; set the scheduler to cosine or linear, or remove it")
+        if not 0 <= opt.min_lr <= opt.lr:
+            problems.add(block + "min_lr", f"is {opt.min_lr}; give a rate in [0, lr={opt.lr}]")
+        if opt.lr_decay_steps is not None and opt.lr_decay_steps <= opt.lr_warmup_steps:
+            problems.add(block + "lr_decay_steps", f"is {opt.lr_decay_steps}, not past the {opt.lr_warmup_steps} "
+                         "warm-up steps; give a later step, or null for the run's last")
 
 
 def check_validation_split(cfg: Config, problems: Problems) -> None:

@@ -11,6 +11,8 @@ ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce++", "gae", "no_op")
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
 KL_CONTROLLERS = ("fixed", "adaptive")
 """`trainer.algorithm.kl_ctrl.type` (rl/core/algorithms/kl_controller.py)."""
+LR_SCHEDULERS = ("constant", "cosine", "linear")
+"""`optimizer_config.scheduler` (rl/core/algorithms/lr_schedule.py)."""
 POLICY_LOSSES = ("regular", "dual_clip", "gspo", "cispo", "sapo", "clip_cov", "kl_cov", "importance_sampling",
                  "rollout_is")
 ROLLOUT_ANCHORED_POLICY_LOSSES = ("rollout_is",)

@@ -67,6 +67,17 @@ class OptimizerConfig:
     lr_warmup_steps: int
     """Optimizer steps of linear warm-up from 0 to `lr`; 0 starts at `lr`."""
 
+    scheduler: str
+    """The rate after the warm-up (SkyRL's key): `constant` at `lr`; `cosine` or `linear` decay from `lr` to
+    `min_lr` over lr_decay_steps (transformers' schedules of those names, Megatron-Core's decay styles)."""
+
+    min_lr: float
+    """Where a decay ends (Megatron-Core's and NeMo RL's key), in [0, lr]."""
+
+    lr_decay_steps: int | None
+    """The optimizer step at which a decay reaches min_lr, warm-up included (NeMo RL's `lr_decay_iters`); null: the
+    run's last (every training step's mini-batches times update_epochs_per_batch, as SkyRL counts them)."""
+
 
 @dataclass(kw_only=True)
 class PolicyConfig:

@@ -29,9 +29,22 @@ def model_path(tmp_path_factory):
 STRATEGIES = ["deepspeed", "fsdp", "fsdp2"]
 
 
-def _backend(path, strategy):
-    spec = ModelSpec(path=path, role="policy", temperature=1.0, lr=1e-2)
+# One warm-up step, then a cosine decay reaching min_lr at optimizer step 3: rates 1e-2, 1e-2, 5.5e-3, 1e-3
+# (rl.core.algorithms.lr_schedule: min_lr + (lr - min_lr) (1 + cos(pi p)) / 2 at p = 0, 1/2, 1 after the warm-up).
+SCHEDULE = {"lr_warmup_steps": 1, "scheduler": "cosine", "lr_decay_steps": 3, "min_lr": 1e-3}
+SCHEDULED_RATES = [1e-2, 1e-2, 5.5e-3, 1e-3, 1e-3]
+
+
+def _backend(path, strategy, **schedule):
+    spec = ModelSpec(path=path, role="policy", temperature=1.0, lr=1e-2, **schedule)
     return build_backend(strategy, spec, init_distributed(0, 1, "127.0.0.1", 29631))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_each_optimizer_step_takes_the_scheduled_rate(model_path, strategy):
+    backend = _backend(model_path, strategy, **SCHEDULE)
+    rates = [train_step(backend)["lr"] for _ in SCHEDULED_RATES]
+    assert rates == pytest.approx(SCHEDULED_RATES, rel=1e-12)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -63,13 +76,16 @@ def test_export_loads_in_transformers_with_the_trained_weights(model_path, tmp_p
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_checkpoint_round_trip_restores_training_exactly(model_path, tmp_path, strategy):
-    first = _backend(model_path, strategy)
-    train_step(first)
+    """Mid-schedule: the resumed step takes the decayed rate the uninterrupted one takes."""
+    first = _backend(model_path, strategy, **SCHEDULE)
+    for _ in range(2):
+        train_step(first)
     first.save_checkpoint(str(tmp_path / "ckpt"))
     expected = train_step(first)
+    assert expected["lr"] == pytest.approx(SCHEDULED_RATES[2], rel=1e-12)
     expected_state = first.full_state_dict()
 
-    second = _backend(model_path, strategy)
+    second = _backend(model_path, strategy, **SCHEDULE)
     second.load_checkpoint(str(tmp_path / "ckpt"))
     got = train_step(second)
     assert got == expected

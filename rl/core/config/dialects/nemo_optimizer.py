@@ -72,6 +72,8 @@ def _scheduler_list(layer: Layer, key: str, value: Any) -> None:
     if names == ["ConstantLR"] and kwargs[0].get("factor", 1.0) == 1.0:
         emit(layer, key, OPTIMIZER + "lr_warmup_steps", 0)
         return
+    if names and names[-1] == "CosineAnnealingLR" and _cosine_after_warmup(layer, key, names, kwargs):
+        return
     rest = zip(names[1:], kwargs[1:], strict=True)
     if (
         names
@@ -91,9 +93,28 @@ def _scheduler_list(layer: Layer, key: str, value: Any) -> None:
         return
     layer.refuse(
         key,
-        f"is {value!r}: only a linear warm-up to a constant learning rate is available here "
-        f"({OPTIMIZER}lr_warmup_steps); learning-rate decay is not",
+        f"is {value!r}: the schedules here are a linear warm-up (LinearLR to factor 1), then a constant rate "
+        f"(ConstantLR of factor 1) or a cosine decay (CosineAnnealingLR): {OPTIMIZER}lr_warmup_steps, scheduler, "
+        "min_lr, lr_decay_steps",
     )
+
+
+def _cosine_after_warmup(layer: Layer, key: str, names: list[str], kwargs: list[dict]) -> bool:
+    """[CosineAnnealingLR] or [LinearLR to factor 1 over W steps, CosineAnnealingLR] (SequentialLR, milestone W):
+    our cosine decay from lr to eta_min over T_max steps after the warm-up."""
+    if len(names) > 2 or (len(names) == 2 and (names[0] != "LinearLR" or kwargs[0].get("end_factor", 1.0) != 1.0)):
+        return False
+    warmup = int(kwargs[0].get("total_iters", 5)) if len(names) == 2 else 0
+    cosine = kwargs[-1]
+    if "T_max" not in cosine:
+        return False
+    emit(layer, key, OPTIMIZER + "scheduler", "cosine",
+         note=f"the rate stays at eta_min after T_max={cosine['T_max']} steps of decay (torch's CosineAnnealingLR "
+         "rises again)" + (f"; the warm-up is linear from lr / {warmup} at the first optimizer step" if warmup else ""))
+    layer.emit(OPTIMIZER + "lr_warmup_steps", warmup, at=key)
+    layer.emit(OPTIMIZER + "lr_decay_steps", warmup + int(cosine["T_max"]), at=key)
+    layer.emit(OPTIMIZER + "min_lr", float(cosine.get("eta_min", 0.0)), at=key)
+    return True
 
 
 def _megatron_optimizer(layer: Layer) -> None:
@@ -126,8 +147,10 @@ def _megatron_optimizer(layer: Layer) -> None:
             _eps(layer, key, value)
         elif name == "bf16":
             layer.inert(key, "bf16 training follows policy.precision (trainer.bf16)")
-        elif name in ("sgd_momentum", "min_lr"):
-            layer.inert(key, "used only with SGD or a decaying learning rate")
+        elif name == "sgd_momentum":
+            layer.inert(key, "used only with SGD")
+        elif name == "min_lr":
+            _min_lr(layer, key, value, schedule.get(sch + "lr_decay_style", "constant"))
         elif name in ("use_distributed_optimizer", "use_precision_aware_optimizer", "overlap_cpu_optimizer_d2h_h2d"):
             layer.inert(key, "optimizer-state placement: changes speed or memory only")
         elif name == "optimizer_offload_fraction" and value in (0, 0.0, 1, 1.0):
@@ -135,6 +158,17 @@ def _megatron_optimizer(layer: Layer) -> None:
         else:
             layer.refuse(key, "is a Megatron-Core optimizer argument with no counterpart here; remove it")
     _megatron_schedule(layer, schedule, keys.get(opt + "weight_decay", layer.current(OPTIMIZER + "weight_decay")), sch)
+
+
+DECAY_STYLES = ("constant", "cosine", "linear")
+"""Megatron-Core's `lr_decay_style`s that are our schedulers of the same names."""
+
+
+def _min_lr(layer: Layer, key: str, value: Any, style: Any) -> None:
+    if style in DECAY_STYLES[1:]:
+        emit(layer, key, OPTIMIZER + "min_lr", value, at=key)
+    else:
+        layer.inert(key, "used only with a decaying learning rate (lr_decay_style cosine or linear)")
 
 
 def _megatron_schedule(layer: Layer, keys: dict[str, Any], weight_decay: Any, sch: str) -> None:
@@ -150,14 +184,24 @@ def _megatron_schedule(layer: Layer, keys: dict[str, Any], weight_decay: Any, sc
             emit(layer, key, OPTIMIZER + "lr_warmup_steps", value, at=key, note=note)
         elif name == "lr_warmup_init":
             layer.inert(key, "the warm-up starts at lr / lr_warmup_iters here")
-        elif name in ("lr_decay_style", "weight_decay_incr_style"):
+        elif name == "lr_decay_style":
+            if value in DECAY_STYLES:
+                emit(layer, key, OPTIMIZER + "scheduler", value, at=key)
+            else:
+                layer.refuse(key, f"is {value!r}: the decays here are {', '.join(DECAY_STYLES[1:])} "
+                                  f"({OPTIMIZER}scheduler)")
+        elif name == "weight_decay_incr_style":
             (
                 layer.inert(key, "constant, as here")
                 if value == "constant"
-                else layer.refuse(key, f"is {value!r}: decay schedules are not available here (warm-up, then constant)")
+                else layer.refuse(key, f"is {value!r}: a weight-decay schedule is not available here")
             )
         elif name == "lr_decay_iters":
-            layer.inert(key, "used only with a decaying learning rate")
+            if keys.get(sch + "lr_decay_style", "constant") in DECAY_STYLES[1:] and value is not None:
+                emit(layer, key, OPTIMIZER + "lr_decay_steps", value, at=key)
+            else:
+                layer.inert(key, "used only with a decaying learning rate" if value is not None else "the run's last "
+                            "optimizer step, as here")
         elif name in ("start_weight_decay", "end_weight_decay"):
             (
                 layer.inert(key, "the constant weight decay, as here")

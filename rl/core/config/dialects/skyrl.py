@@ -67,12 +67,6 @@ def _optimizer(model: str) -> dict[str, Entry]:
             differs="the warm-up is linear from lr / steps at the first optimizer step to lr at step `steps` (SkyRL's "
             "constant_with_warmup starts at 0 and reaches lr one step later)",
         ),
-        block + "scheduler": only(
-            ("constant_with_warmup", "constant"),
-            "warm-up then constant: the schedule here",
-            "a learning-rate decay schedule",
-            f"remove it: the schedule here is linear warm-up ({block}lr_warmup_steps) then constant",
-        ),
         block + "offload_after_step": speed_only("optimizer state offload between steps"),
     }
 

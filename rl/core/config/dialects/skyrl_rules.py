@@ -338,12 +338,30 @@ def cispo(layer: Layer) -> None:
         layer.inert(block + "cispo_anchor", "the ratio to the old policy, as here")
 
 
+def schedulers(layer: Layer) -> None:
+    """SkyRL's `scheduler` names transformers' schedules: its `cosine` and `linear` are ours; its
+    `constant_with_warmup` is our `constant`, and its `constant` has no warm-up (transformers' get_scheduler
+    ignores num_warmup_steps for it), so neither has this run."""
+    for model in ("policy", "critic"):
+        block = f"{T}{model}.optimizer_config."
+        value = layer.value(block + "scheduler")
+        if value == "constant_with_warmup":
+            layer.take(block + "scheduler")
+            layer.emit(block + "scheduler", "constant")
+            layer.alias(f"{block}scheduler=constant_with_warmup", f"{block}scheduler=constant", SKYRL)
+        elif value == "constant" and layer.value(block + "num_warmup_steps", 0):
+            layer.take(block + "num_warmup_steps")
+            layer.inert(block + "num_warmup_steps", "SkyRL's scheduler=constant has no warm-up (transformers' "
+                        "get_scheduler ignores it); nor has this run")
+
+
 def engine_kwargs(layer: Layer) -> None:
     """SkyRL's 2026 spelling of the extra vLLM arguments (its 2025 one, generator.engine_init_kwargs, is ours)."""
     move_mapping(layer, f"{IE}engine_init_kwargs", f"{G}engine_init_kwargs", SKYRL)
 
 
 RULES = (
+    schedulers,
     engine_kwargs,
     megatron_kwargs,
     intervals,

@@ -268,8 +268,9 @@ def _state_round_trip(info, options: dict, model_path: str, vocab: int, director
     from rl.backends.registry import build_backend
 
     torch.manual_seed(0)
-    spec = ModelSpec(path=model_path, role="policy", temperature=1.0, lr=1e-2, lr_warmup_steps=3,
-                     backend_options=options)
+    # a cosine decay from 1e-2 reaching 1e-3 at the third optimizer step: the resumed (second) step takes 5.5e-3
+    spec = ModelSpec(path=model_path, role="policy", temperature=1.0, lr=1e-2, scheduler="cosine", lr_decay_steps=2,
+                     min_lr=1e-3, backend_options=options)
     batch = pack_sequences(sequences(vocab)[:4])  # the same batch on every rank
     first = build_backend("megatron", spec, info)
     optimizer_numel = sum(p.numel() for opt in first.optimizer.torch_optimizers()

@@ -57,6 +57,7 @@ def results(model_path, tmp_path_factory):
 def test_checkpoint_restores_training_and_export_loads_in_transformers(model_path, results, layout):
     result = results[layout]
     assert result["got"] == result["expected"]
+    assert result["expected"]["lr"] == pytest.approx(5.5e-3, rel=1e-12)  # the schedule's second rate, resumed too
     assert result["got_state"].keys() == result["expected_state"].keys()
     for name, tensor in result["expected_state"].items():
         assert torch.equal(result["got_state"][name], tensor), name
@@ -124,7 +125,7 @@ def test_expert_parallel_checkpoint_restores_training(tmp_path_factory):
 def test_optimizer_cpu_offload_trains_like_the_device_optimizer(results, model_path):
     """Host masters and moments (optimizer_cpu_offload) take the same two steps as the plain AdamW."""
     offloaded, plain = results["tp2-optimizer-offload"], results["tp2"]
-    # Two AdamW steps at lr <= 1e-2 (the warm-up only lowers it): the two optimizers' update arithmetic and weight
+    # Two AdamW steps at lr <= 1e-2 (the decay only lowers it): the two optimizers' update arithmetic and weight
     # writes round differently, and the second step's gradients then differ by the rounding of this model's
     # forward and backward over the batch (`tolerances.adam_bulk_gap`).
     batch: PackedBatch = plain["batch"]

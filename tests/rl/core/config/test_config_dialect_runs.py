@@ -56,8 +56,12 @@ def test_skyrl_quickstart_trains(job, tmp_path):
         HOME=str(tmp_path),
     )
     run_dir = str(tmp_path / "run")
-    result = run_train(run_dir, [*script, *job.overrides(steps=2)])
+    # SkyRL's cosine schedule over the run's optimizer steps (2 steps of one mini-batch): lr, then lr / 2
+    cosine = ["trainer.policy.optimizer_config.scheduler=cosine"]
+    result = run_train(run_dir, [*script, *job.overrides(steps=2), *cosine])
     _trained_two_steps(result, run_dir)
+    rates = [row["lr"] for row in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "lr" in row]
+    assert rates == pytest.approx([1e-3, 5e-4], rel=1e-12)
     output = result.stdout + result.stderr
     assert "SkyRL keys read as ours" in output and "trainer.strategy=fsdp is FSDP1" in output
     saved = _saved(run_dir)

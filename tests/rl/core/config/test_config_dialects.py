@@ -147,6 +147,26 @@ def test_nemo_response_dataset_columns_and_split(tmp_path, caplog):
     assert "data.validation's rows are evaluated whole" in refused["data.validation.split_validation_size"]
 
 
+def test_nemo_decay_schedules():
+    """Megatron-Core's lr_decay_style / lr_decay_iters / min_lr and torch's CosineAnnealingLR after a LinearLR
+    warm-up are our cosine / linear decays; the recipes' constant style keeps min_lr inert."""
+    sch, opt = "policy.megatron_cfg.scheduler.", "policy.megatron_cfg.optimizer."
+    cfg = load_config(["policy.megatron_cfg.enabled=true", f"{sch}lr_decay_style=linear", f"{sch}lr_decay_iters=500",
+                       f"{sch}lr_warmup_iters=10", f"{opt}min_lr=1e-7"])
+    got = cfg.trainer.policy.optimizer_config
+    assert (got.scheduler, got.lr_decay_steps, got.lr_warmup_steps, got.min_lr) == ("linear", 500, 10, 1e-7)
+    cfg = load_config(["policy.megatron_cfg.enabled=true", f"{sch}lr_decay_style=constant", f"{opt}min_lr=1e-7"])
+    assert (cfg.trainer.policy.optimizer_config.scheduler, cfg.trainer.policy.optimizer_config.min_lr) == (
+        "constant", 0.0)
+    warm_then_cosine = ("policy.scheduler=[{name: torch.optim.lr_scheduler.LinearLR, kwargs: {start_factor: 0.1, "
+                        "end_factor: 1.0, total_iters: 10}}, {name: torch.optim.lr_scheduler.CosineAnnealingLR, "
+                        "kwargs: {T_max: 90, eta_min: 1.0e-8}}, {milestones: [10]}]")
+    got = load_config([warm_then_cosine]).trainer.policy.optimizer_config
+    assert (got.scheduler, got.lr_warmup_steps, got.lr_decay_steps, got.min_lr) == ("cosine", 10, 100, 1e-8)
+    refused = refusals(["policy.megatron_cfg.enabled=true", f"{sch}lr_decay_style=WSD"])
+    assert "the decays here are cosine, linear" in refused[f"{sch}lr_decay_style"]
+
+
 def test_nemo_1b_megatron_inherits_and_ignores_the_disabled_dtensor_block(tmp_path, caplog):
     cfg = load_logged(caplog, config_file=_pointed(tmp_path, NEMO_1B_MEGATRON))
     trainer = cfg.trainer

@@ -179,3 +179,19 @@ def test_engine_arguments_reach_vllm_unless_a_key_sets_them():
     refused = refusals([vllm, "generator.inference_engine.engine_init_kwargs={enable_sleep_mode: true, seed: 1}"])
     assert "is set by the trainer: sleep follows the placement" in refused[f"{key}.enable_sleep_mode"]
     assert refused[f"{key}.seed"].endswith("is set by trainer.seed: give that instead")
+
+
+def test_learning_rate_schedules(caplog):
+    """SkyRL's `scheduler` names transformers' schedules: constant_with_warmup is our constant, its cosine and
+    linear are ours; its constant has no warm-up (transformers ignores num_warmup_steps there)."""
+    block = "trainer.policy.optimizer_config."
+    cfg = load_logged(caplog, [f"{block}scheduler=constant_with_warmup", f"{block}num_warmup_steps=5"])
+    assert (cfg.trainer.policy.optimizer_config.scheduler, cfg.trainer.policy.optimizer_config.lr_warmup_steps) == (
+        "constant", 5)
+    cfg = load_logged(caplog, [f"{block}scheduler=constant", f"{block}num_warmup_steps=5"])
+    assert cfg.trainer.policy.optimizer_config.lr_warmup_steps == 0
+    assert "SkyRL's scheduler=constant has no warm-up" in "\n".join(config_lines(caplog))
+    critic = load_config(["trainer.critic.optimizer_config.scheduler=linear"]).trainer.critic.optimizer_config
+    assert (critic.scheduler, critic.min_lr, critic.lr_decay_steps) == ("linear", 0.0, None)
+    refused = refusals([f"{block}scheduler=cosine_with_restarts"])
+    assert "use any of: constant, cosine, linear" in refused[f"{block}scheduler"]
