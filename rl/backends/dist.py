@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 
 @dataclass(frozen=True)
@@ -14,22 +16,29 @@ class DistInfo:
     rank: int
     world_size: int
     device: torch.device
+    timeout_s: float | None = None  # trainer.collective_timeout_s; None: torch's defaults
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
 
-def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int) -> DistInfo:
-    """Joins (or creates) the default process group; one worker per device, one process per worker on CPU."""
+def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int,
+                     timeout_s: float | None = None) -> DistInfo:
+    """Joins (or creates) the default process group; one worker per device, one process per worker on CPU.
+    `timeout_s` bounds every collective of this process's groups, the ones the libraries create later included."""
     use_cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else None
+    if timeout is not None:
+        # torch's new_group (FSDP's meshes, DeepSpeed's and Megatron-Core's groups, ours) takes these defaults
+        c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
     if not dist.is_initialized():
         # Each worker sees one device (Ray sets CUDA_VISIBLE_DEVICES per actor): its local rank is 0 on GPU.
         local_rank = 0 if use_cuda else rank
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                           WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size,
-                                device_id=device if use_cuda else None)
-    return DistInfo(rank=rank, world_size=world_size, device=device)
+                                device_id=device if use_cuda else None, timeout=timeout)
+    return DistInfo(rank=rank, world_size=world_size, device=device, timeout_s=timeout_s)
 

@@ -45,12 +45,12 @@ class TrainingWorker:
             return socket.gethostbyname(socket.gethostname()), sock.getsockname()[1]
 
     def setup(self, master_addr: str, master_port: int, backend: str, policy: ModelSpec | None,
-              ref: ModelSpec | None, critic: ModelSpec | None = None) -> None:
+              ref: ModelSpec | None, critic: ModelSpec | None = None, timeout_s: float | None = None) -> None:
         """Builds the models this rank holds: the policy with the reference and the critic beside it, or a group of
-        their own's reference or critic alone."""
+        their own's reference or critic alone. `timeout_s`: trainer.collective_timeout_s."""
         torch.manual_seed(self.seed)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        dist_info = init_distributed(self.rank, self.world_size, master_addr, master_port)
+        dist_info = init_distributed(self.rank, self.world_size, master_addr, master_port, timeout_s)
         self.policy = build_backend(backend, policy, dist_info) if policy is not None else None
         self.ref = build_backend(backend, ref, dist_info) if ref is not None else None
         self.critic = build_backend(backend, critic, dist_info) if critic is not None else None

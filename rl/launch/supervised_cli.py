@@ -27,11 +27,14 @@ def main(section: str, argv: list[str]) -> int:
     from rl.core.config import ConfigError, load_config
     from rl.core.config.supervised import split_overrides
     from rl.core.data.errors import DataError
+    from rl.launch.environment import apply_environment
     from rl.trainer.write_faults import WriteFailed
 
     try:
         args = split_overrides(section, argv[1:], FLAGS.config)
         cfg = load_config(args.overrides, config_file=args.config_file, strategy=FLAGS.strategy)
+        for line in apply_environment(cfg):
+            print(line, flush=True)
     except ConfigError as error:
         print(f"invalid configuration:\n{error}", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ from absl import app, flags
 
 from rl.backends.registry import STRATEGIES
 from rl.core.config import ConfigError, load_config
+from rl.launch.environment import apply_environment
 from rl.trainer.memory_plan import resolve_auto
 
 FLAGS = flags.FLAGS
@@ -27,6 +28,8 @@ def main(argv: list[str]) -> int:
     overrides = argv[1:]  # key=value each; the config loader names any that is not
     try:
         cfg = load_config(overrides, config_file=FLAGS.config, strategy=FLAGS.strategy, auto=resolve_auto)
+        for line in apply_environment(cfg):
+            print(line, flush=True)
     except ConfigError as error:
         print(f"invalid configuration:\n{error}", file=sys.stderr)
         return 2

@@ -95,6 +95,7 @@ class WorkerGroup:
         self.size = num_workers
         self._places = [a.where.remote() for a in self.actors]  # started, not waited for: see `places`
         self.timeout_s: float | None = None  # trainer.actor_call_timeout_s
+        self.collective_timeout_s: float | None = None  # trainer.collective_timeout_s
         self.role = "training worker"
 
     @property
@@ -119,7 +120,7 @@ class WorkerGroup:
         import ray
 
         host, port = ray.get(self.actors[0].address.remote())
-        self.call("setup", host, port, backend, policy_spec, ref_spec, critic_spec)
+        self.call("setup", host, port, backend, policy_spec, ref_spec, critic_spec, self.collective_timeout_s)
         if policy_spec is None:
             self.role = "reference worker" if ref_spec is not None else "critic worker"
         self.layout = DataParallelLayout.of(self.call("data_parallel_rank"))

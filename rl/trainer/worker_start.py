@@ -80,6 +80,9 @@ def start_workers(cfg) -> StartedWorkers:
     critic_group = (WorkerGroup(plan.critic_workers, seed=cfg.trainer.seed,
                                 options=_options(placement.critic_worker_options, plan))
                     if plan.critic_workers else None)
+    for each in (group, ref_group, critic_group):
+        if each is not None:
+            each.collective_timeout_s = cfg.trainer.collective_timeout_s
     return StartedWorkers(placement, group, ref_group, critic_group)
 
 

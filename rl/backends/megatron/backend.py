@@ -58,7 +58,7 @@ class MegatronBackend(TrainingBackend):
         if self.is_critic:
             refuse_unsupported(self.spec)
         self.options = MegatronConfig.from_options(self.spec.backend_options)
-        init_parallel_state(self.options, self.dist.world_size)
+        init_parallel_state(self.options, self.dist.world_size, timeout_s=self.dist.timeout_s)
         self.layout = current_layout()
         self.hf_config = AutoConfig.from_pretrained(os.path.expanduser(self.spec.path))
         if self.is_critic:  # the value head is no output embedding

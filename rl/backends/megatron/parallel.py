@@ -3,14 +3,17 @@ rules: config.py)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from rl.backends.megatron.config import BLOCK, MegatronConfig, layout_problems
 from rl.backends.megatron.model import Layout
 
 
-def init_parallel_state(options: MegatronConfig, world: int, seed: int = 1234) -> None:
-    """Creates megatron's TP/PP/EP/DP groups once per process (policy and reference share them)."""
+def init_parallel_state(options: MegatronConfig, world: int, seed: int = 1234, timeout_s: float | None = None) -> None:
+    """Creates megatron's TP/PP/EP/DP groups once per process (policy and reference share them); `timeout_s`
+    (trainer.collective_timeout_s) bounds their collectives, else megatron-core's default (30 minutes)."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
@@ -29,7 +32,8 @@ def init_parallel_state(options: MegatronConfig, world: int, seed: int = 1234) -
         return
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                  virtual_pipeline_model_parallel_size=vp if vp > 1 else None,
-                                 expert_model_parallel_size=ep, expert_tensor_parallel_size=tp)
+                                 expert_model_parallel_size=ep, expert_tensor_parallel_size=tp,
+                                 **({"distributed_timeout_minutes": math.ceil(timeout_s / 60)} if timeout_s else {}))
     with torch.random.fork_rng(devices=[]):  # the tracker seeds its own streams; keep the worker's generator
         model_parallel_cuda_manual_seed(seed)
 

@@ -196,6 +196,12 @@ class TrainerConfig:
     mini-batch update, a weight push) may take before the run ends, naming the actors that did not answer and the
     last complete checkpoint; null waits forever. Raise it for long generations on large models."""
 
+    collective_timeout_s: float | None
+    """Seconds a collective of the training workers (an all-reduce, all-gather or broadcast in any of their
+    process groups: torch's, FSDP's, DeepSpeed's, Megatron-Core's) may wait for the other ranks before it fails;
+    null keeps torch's defaults (10 minutes with nccl, 30 with gloo). When null, the launcher reads SkyRL's
+    SKYRL_WORKER_NCCL_TIMEOUT_IN_S or NCCL_TIMEOUT (seconds) from the environment, and says so."""
+
     fully_async: FullyAsyncConfig
     """Generation overlapping training."""
 

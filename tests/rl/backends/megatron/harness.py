@@ -291,10 +291,22 @@ def _state_round_trip(info, options: dict, model_path: str, vocab: int, director
         save_hf_checkpoint(model_path, dict(got_state), export)  # save_pretrained empties the dict it gets
     from megatron.core import parallel_state
 
+    timeouts = {name: _timeout_s(group) for name, group in (
+        ("world", dist.group.WORLD), ("megatron data-parallel", parallel_state.get_data_parallel_group()),
+        ("a new group", dist.new_group(list(range(info.world_size)))))}
     parallel_state.destroy_model_parallel()
-    return {"expected": expected, "got": got, "expected_state": expected_state, "got_state": got_state,
+    return {"timeouts": timeouts, "expected": expected, "got": got, "expected_state": expected_state,
+            "got_state": got_state,
             "export": export, "trained_logprobs": trained_logprobs, "saved_logprobs": saved_logprobs, "batch": batch,
             "optimizer_numel": optimizer_numel, "weights_numel": weights_numel}
+
+
+COLLECTIVE_TIMEOUT_S = 1234.0
+"""trainer.collective_timeout_s of the state round trips: every group of the run must take it."""
+
+
+def _timeout_s(group) -> float:
+    return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
 
 
 def _state_worker(rank: int, world: int, port: int, layouts: list[dict], model_path: str, vocab: int,
@@ -304,7 +316,7 @@ def _state_worker(rank: int, world: int, port: int, layouts: list[dict], model_p
     from rl.backends.dist import init_distributed
 
     torch.set_num_threads(1)
-    info = init_distributed(rank, world, "127.0.0.1", port)
+    info = init_distributed(rank, world, "127.0.0.1", port, timeout_s=COLLECTIVE_TIMEOUT_S)
     results = [_state_round_trip(info, options, model_path, vocab, os.path.join(directory, str(i)))
                for i, options in enumerate(layouts)]
     if rank == 0:

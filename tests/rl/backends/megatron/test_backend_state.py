@@ -2,6 +2,7 @@
 sharded over DP, the LR warm-up), and its Hugging Face export (gathered from TP/PP shards, and from the model chunks
 of the interleaved schedule) loads in transformers with the trained weights."""
 
+import math
 import os
 
 import pytest
@@ -17,7 +18,7 @@ from transformers import (
 
 from rl.backends.logits import token_logprobs
 from rl.core.packing import PackedBatch
-from tests.rl.backends.megatron.harness import run_state_round_trips
+from tests.rl.backends.megatron.harness import COLLECTIVE_TIMEOUT_S, run_state_round_trips
 from tests.testing import tolerances
 
 VOCAB = 61
@@ -58,6 +59,9 @@ def test_checkpoint_restores_training_and_export_loads_in_transformers(model_pat
     result = results[layout]
     assert result["got"] == result["expected"]
     assert result["expected"]["lr"] == pytest.approx(5.5e-3, rel=1e-12)  # the schedule's second rate, resumed too
+    # trainer.collective_timeout_s reaches the world group, megatron-core's groups (whole minutes) and later ones
+    assert result["timeouts"] == {"world": COLLECTIVE_TIMEOUT_S, "a new group": COLLECTIVE_TIMEOUT_S,
+                                  "megatron data-parallel": math.ceil(COLLECTIVE_TIMEOUT_S / 60) * 60}
     assert result["got_state"].keys() == result["expected_state"].keys()
     for name, tensor in result["expected_state"].items():
         assert torch.equal(result["got_state"][name], tensor), name

@@ -123,7 +123,9 @@ def test_nemo_1b_trains(job, tmp_path, recipe):
     )
     run_dir = str(tmp_path / "run")
     sizes = [o for o in job.overrides(steps=2) if not o.startswith(("data.", "trainer.eval_interval"))]
-    result = run_train(run_dir, [f"--config={config}", *sizes, "trainer.eval_interval=2"])
+    # and a bound on the workers' collectives (their process groups and megatron-core's take it)
+    result = run_train(run_dir, [f"--config={config}", *sizes, "trainer.eval_interval=2",
+                                 "trainer.collective_timeout_s=900"])
     _trained_two_steps(result, run_dir)
     output = result.stdout + result.stderr
     assert "NeMo RL keys read as ours" in output and "data.default.prompt_file -> data.prompt_template_file" in output
