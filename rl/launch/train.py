@@ -16,6 +16,9 @@ from rl.trainer.memory_plan import resolve_auto
 FLAGS = flags.FLAGS
 FSDP1_NOTE = ("trainer.strategy=fsdp is FSDP1 (torch's FullyShardedDataParallel) here; SkyRL's fsdp is FSDP2 "
               "(fully_shard) since May 2026: set trainer.strategy=fsdp2 for that")
+WHOLE_CALLS_NOTE = ("trainer.fully_async: each generation call finishes under the weights it started with; SkyRL's "
+                    "fully async updates the engines' weights mid-generation: set "
+                    "trainer.fully_async.partial_rollout_tokens=N for that (pushes between segments of N tokens)")
 flags.DEFINE_string("strategy", None, f"Training backend, one of the registered strategies "
                     f"({', '.join(STRATEGIES.names())}), or auto (the memory planner picks the strategy and its "
                     "layout); overrides trainer.strategy.")
@@ -37,6 +40,8 @@ def main(argv: list[str]) -> int:
         print(f"trainer.strategy=auto chose {cfg.trainer.auto_choice}", flush=True)
     if cfg.trainer.strategy == "fsdp":
         print(FSDP1_NOTE, flush=True)
+    if cfg.trainer.fully_async.enabled and not cfg.trainer.fully_async.partial_rollout_tokens:
+        print(WHOLE_CALLS_NOTE, flush=True)
     from rl.trainer.run import Interrupted, RunFailed, run_training
 
     try:

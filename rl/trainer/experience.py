@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from rl.core.algorithms import compute_advantages
+from rl.core.algorithms.reward_shaping import zero_variance_samples
 
 
 @dataclass
@@ -75,6 +76,18 @@ def build_experience(rollouts: Sequence, rewards: Tensor, estimator: str | None 
     if estimator is not None:
         assign_advantages(experience, estimator, norm_by_std, gamma, lambd)
     return experience
+
+
+def mask_zero_variance_groups(experience: Experience, tol: float) -> dict[str, float]:
+    """trainer.algorithm.zero_variance_filter (SkyRL's): the samples of a prompt whose rewards do not vary leave the
+    loss (before advantages, so they leave its statistics too); returns the share of prompts masked."""
+    live = torch.tensor([bool(seq["loss_mask"].any()) for seq in experience.sequences])
+    masked = zero_variance_samples(experience.rewards, experience.group_index, tol, live)
+    for seq, drop in zip(experience.sequences, masked.tolist(), strict=True):
+        if drop:
+            seq["loss_mask"] = torch.zeros_like(seq["loss_mask"])
+    groups = experience.group_index
+    return {"zero_variance_groups": len(set(groups[masked].tolist())) / max(len(set(groups.tolist())), 1)}
 
 
 def assign_advantages(experience: Experience, estimator: str, norm_by_std: bool, gamma: float = 1.0,

@@ -18,7 +18,7 @@ from rl.core.data import BatchPosition, batches_per_epoch, iter_batches
 from rl.trainer import checkpoint, components, finite, write_faults
 from rl.trainer.engines import RemoteEngines
 from rl.trainer.episodes import Episodes
-from rl.trainer.experience import Experience, assign_advantages, build_experience
+from rl.trainer.experience import Experience, assign_advantages, build_experience, mask_zero_variance_groups
 from rl.trainer.faults import crash_point
 from rl.trainer.kl_reward import KLInReward
 from rl.trainer.metrics import MetricsLogger
@@ -238,6 +238,8 @@ class Trainer:
             return row
         experience = build_experience(batch.rollouts, batch.rewards,
                                       overlong_filtering=cfg.generator.apply_overlong_filtering)
+        masked_row = (mask_zero_variance_groups(experience, algo.zero_variance_filter_tol)
+                      if algo.zero_variance_filter else {})
         scored = time.perf_counter()
         compute_logprobs(self.group, self.forward_batching, experience, has_ref=needs_reference(cfg),
                          ref=self.ref_pass, on_policy=self.on_policy, critic=self.critic_pass)
@@ -253,6 +255,7 @@ class Trainer:
         row.update(queue_row)
         row.update(prompt_row)
         row.update(sampling_row)
+        row.update(masked_row)
         row.update(_merge_reward_rows(reward_rows))
         updated = time.perf_counter()
         row.update(self.sync_weights(step))

@@ -64,6 +64,10 @@ def check_group_advantages(cfg: Config, problems: Problems) -> None:
             f"is 1 but {reasons[estimator]}; set it to 2 or more, or "
             "choose trainer.algorithm.advantage_estimator=reinforce++",
         )
+    if cfg.trainer.algorithm.zero_variance_filter and n == 1:
+        problems.add("trainer.algorithm.zero_variance_filter", "is true with generator.n_samples_per_prompt=1: a "
+                     "prompt with one sample has nothing to compare and is kept, so it would do nothing; turn it off "
+                     "or sample 2 or more per prompt")
 
 
 def check_colocation(cfg: Config, problems: Problems) -> None:

@@ -151,6 +151,14 @@ class AlgorithmConfig:
     grpo_norm_by_std: bool
     """GRPO: divide each group's centred rewards by the group's standard deviation."""
 
+    zero_variance_filter: bool
+    """Take the samples of a prompt whose rewards are all equal (within zero_variance_filter_tol) out of the loss
+    and its token count (SkyRL's key): they carry no group-relative signal, and would otherwise still weigh in the
+    KL term and the normaliser. Logged as zero_variance_groups, the share of prompts masked."""
+
+    zero_variance_filter_tol: float
+    """Rewards of one prompt within this distance (max - min) count as equal, >= 0 (SkyRL's key)."""
+
     policy_loss_type: str
     """One of `regular` (PPO clip), `dual_clip`, `gspo`, `cispo`, `sapo` (soft gate, `sapo` block), `clip_cov` and
     `kl_cov` (covariance-selected tokens, `clip_cov` / `kl_cov` blocks), `importance_sampling` (-r * A, no clip; with

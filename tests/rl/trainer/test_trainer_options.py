@@ -156,13 +156,17 @@ def _assert_whole(found: dict[str, bool]) -> None:
 
 def test_hsdp_overlong_filtering_penalty_rloo_and_gspo(job, tmp_path):
     """fsdp2 HSDP (2 replicas of a 1-rank shard group); responses cut at 12 tokens are filtered out of the loss and
-    penalised over the last 4 tokens; RLOO advantages; gspo with the sequence_mean reduction."""
+    penalised over the last 4 tokens; RLOO advantages; gspo with the sequence_mean reduction; SkyRL's
+    zero_variance_filter with a tolerance of 1 (a prompt whose responses left in the loss, if more than one, got
+    rewards within 1 of each other leaves it: here the uncut responses score 0 or -1, so which prompts leave
+    depends on how many of theirs were cut)."""
     band, factor = 4, 1.0
     options = ["trainer.policy.fsdp_config.fsdp_size=1", "generator.apply_overlong_filtering=true",
                f"trainer.algorithm.overlong_buffer.len={band}",
                f"trainer.algorithm.overlong_buffer.penalty_factor={factor}",
                "trainer.algorithm.advantage_estimator=rloo", "trainer.algorithm.policy_loss_type=gspo",
-               "trainer.algorithm.loss_reduction=sequence_mean"]
+               "trainer.algorithm.loss_reduction=sequence_mean", "trainer.algorithm.zero_variance_filter=true",
+               "trainer.algorithm.zero_variance_filter_tol=1.0"]
     run_dir = str(tmp_path / "run")
     rows, _ = _train(job, run_dir, options)
     rollouts, scores = _step_one(job, options)
@@ -176,6 +180,15 @@ def test_hsdp_overlong_filtering_penalty_rloo_and_gspo(job, tmp_path):
     assert first["reward_mean"] == pytest.approx(rewards.mean().item(), abs=_mean_gap(rewards)), "reward + penalty"
     assert cut.any() and (~cut).any(), "some responses cut, some not: the filter has something to decide"
     assert (lengths > MAX_LENGTH - band).any(), "some responses inside the penalty band"
+    # SkyRL's rule: only the responses still in the loss (not cut) count, and a prompt with one of them is kept
+    flat = set()
+    for prompt in set(groups.tolist()):
+        live = rewards[(groups == prompt) & ~cut].tolist()
+        if len(live) > 1 and max(live) - min(live) <= 1.0:
+            flat.add(prompt)
+    assert flat and len(flat) < len(set(groups.tolist())), "the filter has something to decide"
+    assert first["zero_variance_groups"] == len(flat) / len(set(groups.tolist()))
+    cut = cut | torch.tensor([prompt in flat for prompt in groups.tolist()])  # out of the loss, either way
     advantages = _leave_one_out(rewards, groups)
     # gspo's per-token loss is -A * (sequence ratio = 1); sequence_mean: the mean over sequences in the loss
     expected = -advantages[~cut].mean().item()

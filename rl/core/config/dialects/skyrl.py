@@ -329,11 +329,6 @@ def table() -> Mapping[str, Entry]:
         ),
         f"{T}algorithm.advantage_batch_normalize": feature_off("batch-level advantage normalization", "remove it"),
         f"{T}algorithm.value_head_prefix": ignored("the value head's name inside the critic"),
-        f"{T}algorithm.zero_variance_filter": feature_off(
-            "masking zero-variance groups out of the loss",
-            "use trainer.algorithm.dynamic_sampling.type=filter to drop such groups",
-        ),
-        f"{T}algorithm.zero_variance_filter_tol": ignored("used only with zero_variance_filter"),
         f"{T}algorithm.tis_imp_ratio_cap": ByRule(
             "trainer.algorithm.off_policy_correction.token_tis_ratio_clip_high (with use_tis)"
         ),
@@ -345,9 +340,7 @@ def table() -> Mapping[str, Entry]:
         f"{T}algorithm.max_seq_len": ByRule("null, or generator.max_generate_length (the Dr. GRPO normalizer here)"),
         # --- trainer.fully_async ------------------------------------------------------------------------------
         f"{T}fully_async.num_parallel_generation_workers": speed_only("concurrent generation requests"),
-        f"{T}fully_async.sample_full_batch": feature_off(
-            "refilling zero-variance groups in fully async runs", "remove it"
-        ),
+        f"{T}fully_async.sample_full_batch": ByRule("trainer.algorithm.dynamic_sampling.type=filter"),
         f"{T}fully_async.clear_kv_cache_on_weight_sync": speed_only("the engines' KV cache"),
         f"{T}fully_async.simulate_training": feature_off("a simulated trainer", "remove it"),
         f"{T}fully_async.simulate_training_step_seconds": ignored("used only with simulate_training"),

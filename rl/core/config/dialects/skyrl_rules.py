@@ -355,12 +355,35 @@ def schedulers(layer: Layer) -> None:
                         "get_scheduler ignores it); nor has this run")
 
 
+def sample_full_batch(layer: Layer) -> None:
+    """SkyRL's fully-async DAPO filter (`fully_async.sample_full_batch`, which needs its zero_variance_filter): groups
+    whose rewards do not vary are dropped and generation goes on until the batch is full, as
+    dynamic_sampling.type=filter does with trainer.fully_async here."""
+    key = T + "fully_async.sample_full_batch"
+    value = layer.take(key)
+    if value is MISSING:
+        return
+    if value is not True:
+        layer.inert(key, "off")
+        return
+    if layer.current(T + "fully_async.enabled") is not True:
+        layer.inert(key, "used only with trainer.fully_async.enabled, as in SkyRL")
+        return
+    layer.emit(T + "algorithm.dynamic_sampling.type", "filter", at=key)
+    layer.emit(T + "algorithm.dynamic_sampling.max_sample_batches", -1, at=key)
+    layer.alias(key, f"{T}algorithm.dynamic_sampling.type=filter (max_sample_batches=-1)", SKYRL)
+    layer.differs(key, SKYRL, "groups are dropped when their rewards are exactly equal and the batch refilled per "
+                              "training step (train_batch_size prompts); SkyRL compares within "
+                              "zero_variance_filter_tol and refills each mini-batch")
+
+
 def engine_kwargs(layer: Layer) -> None:
     """SkyRL's 2026 spelling of the extra vLLM arguments (its 2025 one, generator.engine_init_kwargs, is ours)."""
     move_mapping(layer, f"{IE}engine_init_kwargs", f"{G}engine_init_kwargs", SKYRL)
 
 
 RULES = (
+    sample_full_batch,
     schedulers,
     engine_kwargs,
     megatron_kwargs,

@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from rl.core.algorithms.reward_shaping import groups_with_signal, overlong_penalty, pass_and_mean_at_k
+from rl.core.algorithms.reward_shaping import (
+    groups_with_signal,
+    overlong_penalty,
+    pass_and_mean_at_k,
+    zero_variance_samples,
+)
 
 
 def test_groups_with_signal_marks_groups_whose_rewards_differ():
@@ -26,3 +31,17 @@ def test_pass_and_mean_at_k_by_hand():
     assert pass_k == pytest.approx(2 / 3)
     assert mean_k == pytest.approx(2.5 / 12)
     assert pass_and_mean_at_k(rewards, 1) == (pytest.approx(3 / 12), pytest.approx(2.5 / 12))
+
+
+def test_zero_variance_samples_follow_skyrl_rule():
+    """A prompt leaves when more than one of its samples is live and their rewards spread by at most tol; samples
+    already out of the loss (not live) neither make a prompt vary nor count."""
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 2.0, 2.0])
+    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    assert zero_variance_samples(rewards, groups, 0.0).tolist() == [True, True, False, False, True, True, True, True]
+    live = torch.tensor([True, True, False, True, True, True, True, False])
+    # prompt 1 keeps one live sample, prompt 3 too: both stay
+    assert zero_variance_samples(rewards, groups, 0.0, live).tolist() == [True, True, False, False, True, True,
+                                                                         False, False]
+    assert zero_variance_samples(rewards, groups, 1.0).tolist() == [True] * 8
+    assert zero_variance_samples(torch.tensor([0.3, 0.3 + 1e-7]), torch.tensor([5, 5]), 1e-6).tolist() == [True, True]

@@ -160,6 +160,7 @@ def test_skyrl_fully_async_trains(job, tmp_path):
     _only_our_keys(saved)
     assert saved["trainer"]["algorithm"]["policy_loss_type"] == "rollout_is"
     assert saved["trainer"]["fully_async"] == {"enabled": True, "max_staleness_steps": 4, "partial_rollout_tokens": 0}
+    assert "SkyRL's fully async updates the engines' weights mid-generation" in result.stdout  # said, not silent
     rows = [row for row in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if row.get("step")]
     # the trainer's old logprobs measured against the engine's, the example's geometric mask applied to them
     assert all("rollout_logprob_abs_diff_max" in row and "geo_sequence_mask_masked_ratio" in row for row in rows)

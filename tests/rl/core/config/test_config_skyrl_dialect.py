@@ -195,3 +195,19 @@ def test_learning_rate_schedules(caplog):
     assert (critic.scheduler, critic.min_lr, critic.lr_decay_steps) == ("linear", 0.0, None)
     refused = refusals([f"{block}scheduler=cosine_with_restarts"])
     assert "use any of: constant, cosine, linear" in refused[f"{block}scheduler"]
+
+
+def test_zero_variance_filter_and_sample_full_batch(caplog):
+    """SkyRL's zero_variance_filter is ours; its fully-async sample_full_batch (dropping such groups and refilling
+    the batch) is dynamic_sampling.type=filter with no bound on batches, printed with its differences, and has no
+    effect without fully_async, as in SkyRL."""
+    asynchronous = ["trainer.fully_async.enabled=true", "trainer.placement.colocate_all=false"]
+    cfg = load_logged(caplog, [*asynchronous, "trainer.algorithm.zero_variance_filter=true",
+                               "trainer.fully_async.sample_full_batch=true"])
+    sampling = cfg.trainer.algorithm.dynamic_sampling
+    assert (sampling.type, sampling.max_sample_batches, cfg.trainer.algorithm.zero_variance_filter) == (
+        "filter", -1, True)
+    assert any("refilled per training step" in line for line in config_lines(caplog))
+    cfg = load_logged(caplog, ["trainer.fully_async.sample_full_batch=true"])
+    assert cfg.trainer.algorithm.dynamic_sampling.type is None
+    assert "used only with trainer.fully_async.enabled" in "\n".join(config_lines(caplog))
