@@ -28,7 +28,7 @@ from rl.trainer.prompt_encoding import PromptEncoder, refuse_at_start
 from rl.trainer.reward_models import start_reward_models
 from rl.trainer.rewarding import RewardScorer
 from rl.trainer.rollout_mismatch import anchor_on_rollout, measure_and_correct, skips_old_logprob_pass
-from rl.trainer.rollout_queue import RolloutQueue
+from rl.trainer.rollout_queue import EpisodeJobs, RolloutQueue, SingleTurnJobs
 from rl.trainer.sampling import ScoredBatch, collect_step_batch
 from rl.trainer.sources import resolve_sources
 from rl.trainer.startup import StartupClock
@@ -100,7 +100,7 @@ class Trainer:
         self.position = BatchPosition(0, 0)  # after the last trained batch: what a checkpoint saves
         self.draw_position = self.position
         asynchronous = cfg.trainer.fully_async
-        self.rollout_queue = (RolloutQueue(self.engine, self.draw_batch, self.encode_batch, self.step_params,
+        self.rollout_queue = (RolloutQueue(self.queue_jobs(), self.draw_batch, self.encode_batch, self.step_params,
                                            asynchronous.max_staleness_steps) if asynchronous.enabled else None)
         self.current_step = 0  # the step in progress (for the message of an interrupted run)
         clock.mark("workers")
@@ -323,9 +323,17 @@ class Trainer:
             row[f"val_pass@{k}"], row[f"val_mean@{k}"] = pass_and_mean_at_k(rewards, k)
         return row
 
+    def queue_jobs(self):
+        """How the rollout queue generates a batch: one engine call, or the batch's episodes in a thread."""
+        if self.episodes is None:
+            return SingleTurnJobs(self.engine)
+        return EpisodeJobs(self.engine, self.episodes, self.cfg.trainer.fully_async.max_staleness_steps + 1)
+
     def close(self) -> None:
         if self.rewards is not None:
             self.rewards.close()
+        if getattr(self, "rollout_queue", None) is not None:
+            self.rollout_queue.close()
 
     def save_checkpoint(self, step: int) -> None:
         staging = checkpoint.staging_dir(self.ckpt_root, step)

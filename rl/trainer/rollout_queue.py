@@ -10,6 +10,10 @@ synchronous schedule, step for step. A step that takes more than one batch (dyna
 from the queue, submitting one at once when it is empty. Every engine call reports the version it generated with; a
 batch found older than the bound (which the submission rule prevents) is dropped, counted, and generated again.
 
+Multi-turn episodes (`environment.env_class`) are queued too: a batch's episodes play in a thread of their own
+(`EpisodeJobs`), each turn's engine call as a single-turn batch makes it, and the batch's version is the oldest of
+its turns' calls, so the bound holds for every turn.
+
 The data position saved in a checkpoint is the one after the last *trained* batch: batches still in the queue are
 drawn again after a resume.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,12 +39,53 @@ class QueuedBatch:
     pending: list
 
 
+class SingleTurnJobs:
+    """A batch's rollouts as one engine call per engine share: submitted, collected later."""
+
+    def __init__(self, engines):
+        self.engines = engines
+
+    def submit(self, batch: PromptBatch, prompts: list[list[int]], params) -> list:
+        return self.engines.submit(prompts, params)
+
+    def collect(self, pending: list) -> tuple[list[int], list]:
+        return self.engines.collect(pending)
+
+    def close(self) -> None:
+        pass
+
+
+class EpisodeJobs:
+    """A batch's multi-turn episodes (`Episodes.run`), played in a thread of their own while the driver trains;
+    every turn's engine call reports its version, and the batch's versions are those of all its turns."""
+
+    def __init__(self, engines, episodes, max_batches: int):
+        self.engines, self.episodes = engines, episodes
+        self.threads = ThreadPoolExecutor(max_workers=max_batches, thread_name_prefix="episodes")
+
+    def submit(self, batch: PromptBatch, prompts: list[list[int]], params) -> Future:
+        versions: list[int] = []
+
+        def generate(turn_prompts: list[list[int]], turn_params) -> list:
+            seen, rollouts = self.engines.collect(self.engines.submit(turn_prompts, turn_params))
+            versions.extend(seen)
+            return rollouts
+
+        return self.threads.submit(lambda: (versions, self.episodes.run(generate, batch.records, prompts, params)))
+
+    def collect(self, pending: Future) -> tuple[list[int], list]:
+        return pending.result()
+
+    def close(self) -> None:
+        self.threads.shutdown(wait=False, cancel_futures=True)
+
+
 class RolloutQueue:
-    def __init__(self, engines, draw: Callable[[], PromptBatch], encode: Callable[[PromptBatch], list[list[int]]],
+    def __init__(self, jobs, draw: Callable[[], PromptBatch], encode: Callable[[PromptBatch], list[list[int]]],
                  params: Callable[[int], Any], max_staleness_steps: int):
-        """`draw()` the next prompt batch, `encode(batch)` its prompts as token ids, `params(step)` the sampling
-        parameters of a step (its seed)."""
-        self.engines, self.draw, self.encode, self.params = engines, draw, encode, params
+        """`jobs` generate a batch (`SingleTurnJobs`, `EpisodeJobs`); `draw()` the next prompt batch, `encode(batch)`
+        its prompts as token ids, `params(step)` the sampling parameters of a step (its seed)."""
+        self.jobs, self.draw, self.encode, self.params = jobs, draw, encode, params
         self.bound = max_staleness_steps
         self.queue: deque[QueuedBatch] = deque()
         self.next_step = None
@@ -57,7 +103,7 @@ class RolloutQueue:
         batch = self.draw()
         prompts = self.encode(batch)
         params = self.params(self.next_step)
-        self.queue.append(QueuedBatch(self.next_step, batch, prompts, params, self.engines.submit(prompts, params)))
+        self.queue.append(QueuedBatch(self.next_step, batch, prompts, params, self.jobs.submit(batch, prompts, params)))
         self.next_step += 1
 
     def take(self, step: int) -> tuple[PromptBatch, list, dict[str, float]]:
@@ -68,12 +114,12 @@ class RolloutQueue:
         assert queued.step >= step, (queued.step, step)
         started, dropped = time.perf_counter(), 0
         while True:
-            versions, rollouts = self.engines.collect(queued.pending)
+            versions, rollouts = self.jobs.collect(queued.pending)
             lag = (step - 1) - min(versions)
             if lag <= self.bound:
                 break
             dropped += len(rollouts)  # older than the bound: generate these prompts again with current weights
-            queued.pending = self.engines.submit(queued.prompts, queued.params)
+            queued.pending = self.jobs.submit(queued.batch, queued.prompts, queued.params)
         row = {"policy_lag": float(lag), "stale_dropped": float(dropped), "queue_wait_s": time.perf_counter() - started,
                "queued_batches": float(len(self.queue))}
         return queued.batch, rollouts, {**row, **partial_rollout_metrics(rollouts, step)}
@@ -81,11 +127,14 @@ class RolloutQueue:
     def weights_updated(self, version: int) -> None:
         self.engine_version = version
 
+    def close(self) -> None:
+        self.jobs.close()
+
 
 def partial_rollout_metrics(rollouts: list, step: int) -> dict[str, float]:
     """With partial rollouts: the share of responses whose tokens come from more than one policy version, and the
     mean lag of a token's version behind the policy trained at `step` (which has had step - 1 updates)."""
-    versions = [r.token_versions for r in rollouts if r.token_versions is not None]
+    versions = [r.token_versions for r in rollouts if getattr(r, "token_versions", None) is not None]
     if not versions:
         return {}
     tokens = [v for per_token in versions for v in per_token]

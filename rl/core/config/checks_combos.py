@@ -247,9 +247,6 @@ def check_environment(cfg: Config, problems: Problems) -> None:
             problems.add("environment.env_options", "are given, but environment.env_class is null; set the class "
                          "they are for, or remove them")
         return
-    if cfg.trainer.fully_async.enabled:
-        problems.add("environment.env_class", "runs multi-turn episodes, which trainer.fully_async does not queue "
-                     "yet; set trainer.fully_async.enabled=false")
 
 
 def check_agent(cfg: Config, problems: Problems) -> None:

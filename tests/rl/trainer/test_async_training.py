@@ -2,7 +2,8 @@
 
 Oracles: the colocated synchronous run (an engine on its own core must train the same: same step-1 loss), the
 synchronous run on the same placement (`trainer.fully_async` with max_staleness_steps=0 must give the same metrics
-at every step), the staleness bound itself (each step's `policy_lag`, the version the engines reported for its
+at every step; these three runs play multi-turn episodes, which the queue plays in a thread of its own), the
+staleness bound itself (each step's `policy_lag`, the version the engines reported for its
 rollouts, never exceeds it, and reaches it once the queue is full), and learning: the embedded default trained
 asynchronously still reaches 0.7 validation accuracy at step 40."""
 
@@ -18,6 +19,7 @@ from tests.testing.tiny_job import make_tiny_job, run_train
 STEPS = 4
 COMPARED = ("reward_mean", "loss", "pg_loss", "grad_norm", "kl", "entropy")
 SEPARATE = ["trainer.placement.colocate_all=false"]
+EPISODES = ["environment.env_class=arith_retry", "generator.max_turns=2"]
 
 
 def _asynchronous(bound: int) -> list[str]:
@@ -45,11 +47,11 @@ def _run(job, run_dir: str, extra: list[str]) -> tuple[list[dict], str]:
 
 @pytest.fixture(scope="module")
 def separate(job, tmp_path_factory):
-    return _run(job, str(tmp_path_factory.mktemp("separate")), SEPARATE)
+    return _run(job, str(tmp_path_factory.mktemp("separate")), [*SEPARATE, *EPISODES])
 
 
 def test_engine_on_its_own_core_trains_like_the_colocated_run(job, separate, tmp_path):
-    colocated, _ = _run(job, str(tmp_path / "colocated"), [])
+    colocated, _ = _run(job, str(tmp_path / "colocated"), EPISODES)
     rows, stdout = separate
     assert "1 engine(s) on their own 1 device(s) each (CPU cores: engines [(0,)], workers [1])" in stdout
     assert "hf engine on engine 0:" in stdout and "CPU cores [0]" in stdout
@@ -65,7 +67,7 @@ def test_no_staleness_is_the_synchronous_schedule_whatever_the_transport_and_ref
     reference model on a group of two workers of its own (`colocate_policy_ref=false`, its logprob pass beside the
     policy's) instead of on the policy's worker. Same metrics as the synchronous run at every step."""
     rows, stdout = _run(job, str(tmp_path / "async0"),
-                        [*_asynchronous(0), "generator.weight_sync_backend=ray",
+                        [*_asynchronous(0), *EPISODES, "generator.weight_sync_backend=ray",
                          "trainer.placement.colocate_policy_ref=false", "trainer.placement.ref_num_gpus_per_node=2"])
     assert "weight sync: ray" in stdout
     assert "the reference model on 2 worker(s) of its own (1 x 2)" in stdout
@@ -73,6 +75,7 @@ def test_no_staleness_is_the_synchronous_schedule_whatever_the_transport_and_ref
     expected, expected_stdout = separate
     assert "weight sync: gloo" in expected_stdout
     assert any(row["kl"] != 0 for row in rows)
+    assert all(row["turns_mean"] > 1 for row in rows), "episodes of more than one turn"
     for row, want in zip(rows, expected, strict=True):
         assert row["policy_lag"] == 0 and row["stale_dropped"] == 0
         assert row["sync_bytes"] > 0 and row["sync_buckets"] == want["sync_buckets"]
