@@ -45,30 +45,36 @@ class EndpointError(Exception):
 
 @dataclasses.dataclass
 class _Episode:
+    generate: Any  # what serves its calls (a `GenerationEngine.generate`-like function)
+    params: SamplingParams  # its sampling settings (n=1)
     calls: list[RecordedCall] = dataclasses.field(default_factory=list)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
+Waiting = tuple[list[int], SamplingParams, Any, Future]
+"""A request: its prompt ids, sampling settings, the `generate` of its episode, and its reply."""
+
+
 class CallBatcher:
-    """Gathers the requests of all open episodes into batches for `generate`. The caller runs them (`take`, then
-    `run`) on its own thread, the driver's main one, where the engine's other calls run too."""
+    """Gathers the requests of all open episodes into batches, one engine call per episode's `generate` and
+    sampling setting. Whoever plays episodes runs them (`take`, then `run`) on its own thread: the driver's main
+    one, or the rollout queue's thread that plays a batch ahead (`trainer.fully_async`)."""
 
     def __init__(self, open_count):
         self.open_count = open_count
         self.cond = threading.Condition()
-        self.waiting: list[tuple[list[int], SamplingParams, Future]] = []
-        self.generate = None
+        self.waiting: list[Waiting] = []
         self.batches = 0
         self.error: BaseException | None = None  # the engine's failure, for the trainer to raise as it is
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future:
+    def submit(self, prompt_ids: list[int], params: SamplingParams, generate) -> Future:
         future: Future = Future()
         with self.cond:
-            self.waiting.append((prompt_ids, params, future))
+            self.waiting.append((prompt_ids, params, generate, future))
             self.cond.notify_all()
         return future
 
-    def take(self, timeout_s: float) -> list[tuple[list[int], SamplingParams, Future]]:
+    def take(self, timeout_s: float) -> list[Waiting]:
         """The requests waiting once every open episode has one waiting, or `LINGER_S` after the first arrived;
         nothing when none arrives within `timeout_s`."""
         with self.cond:
@@ -82,23 +88,26 @@ class CallBatcher:
             taken, self.waiting = self.waiting, []
             return taken
 
-    def run(self, taken: list[tuple[list[int], SamplingParams, Future]]) -> None:
-        """One engine call per distinct sampling setting; each request's future gets its rollout (or the error)."""
-        groups: dict[SamplingParams, list[int]] = {}
-        for position, (_, params, _) in enumerate(taken):
-            groups.setdefault(params, []).append(position)
-        for params, positions in groups.items():
-            self.batches += 1
-            seeded = params if params.seed is None else dataclasses.replace(params, seed=params.seed + self.batches)
+    def run(self, taken: list[Waiting]) -> None:
+        """One engine call per distinct `generate` and sampling setting; each request's future gets its rollout (or
+        the error)."""
+        groups: dict[tuple[Any, SamplingParams], list[int]] = {}
+        for position, (_, params, generate, _) in enumerate(taken):
+            groups.setdefault((generate, params), []).append(position)
+        for (generate, params), positions in groups.items():
+            with self.cond:
+                self.batches += 1
+                batch = self.batches
+            seeded = params if params.seed is None else dataclasses.replace(params, seed=params.seed + batch)
             try:
-                rollouts = self.generate([taken[p][0] for p in positions], seeded)
+                rollouts = generate([taken[p][0] for p in positions], seeded)
                 for position, rollout in zip(positions, rollouts, strict=True):
-                    taken[position][2].set_result(rollout)
+                    taken[position][3].set_result(rollout)
             except Exception as error:
                 self.error = self.error or error
                 for position in positions:
-                    if not taken[position][2].done():
-                        taken[position][2].set_exception(error)
+                    if not taken[position][3].done():
+                        taken[position][3].set_exception(error)
 
     def serve_forever(self) -> None:
         """Runs batches as they come, for a caller without a loop of its own (a test's thread)."""
@@ -109,9 +118,9 @@ class CallBatcher:
 
 
 class AgentEndpoint:
-    """The server, the open episodes and what their calls recorded. `run_generation` sets what serves the calls
-    (a `GenerationEngine.generate`-like function), the sampling settings, the policy version and the context
-    limit for the episodes opened until the next `run_generation`."""
+    """The server, the open episodes and what their calls recorded. Each episode is opened with what serves its
+    calls (a `GenerationEngine.generate`-like function) and its sampling settings; `version` is the policy version
+    of the engines' weights, recorded with each call."""
 
     def __init__(self, tokenizer, model_name: str, host: str, port: int, max_context_tokens: int,
                  max_new_tokens: int):
@@ -120,7 +129,6 @@ class AgentEndpoint:
         self.names = {model_name, model_name.rstrip("/").rsplit("/", 1)[-1]}
         self.episodes: dict[str, _Episode] = {}
         self.lock = threading.Lock()
-        self.params: SamplingParams | None = None
         self.version = 0
         self.batcher = CallBatcher(lambda: len(self.episodes))  # run by `AgentEpisodes` on the main thread
         self.sock = _bind(host, port)
@@ -156,16 +164,11 @@ class AgentEndpoint:
         if self.server is not None:
             self.server.should_exit = True
 
-    def run_generation(self, generate, params: SamplingParams, version: int) -> None:
-        self.batcher.generate = generate
-        self.params = dataclasses.replace(params, n=1)
-        self.version = version
-
-    def open_episode(self) -> tuple[str, str]:
-        """(episode id, its base URL)."""
+    def open_episode(self, generate, params: SamplingParams) -> tuple[str, str]:
+        """(episode id, its base URL); its calls go to `generate` with `params`."""
         episode_id = uuid.uuid4().hex[:12]
         with self.lock:
-            self.episodes[episode_id] = _Episode()
+            self.episodes[episode_id] = _Episode(generate, dataclasses.replace(params, n=1))
         return episode_id, f"{self.url}/episodes/{episode_id}/v1"
 
     def close_episode(self, episode_id: str) -> list[RecordedCall]:
@@ -190,9 +193,8 @@ class AgentEndpoint:
             raise EndpointError(404, f"the model {model!r} does not exist; this endpoint serves "
                                 f"{self.model_name!r} (GET /v1/models lists it)", "model", "model_not_found")
 
-    def sampling(self, body: dict) -> SamplingParams:
-        if self.params is None:
-            raise EndpointError(503, "no generation is running (the trainer is between steps)")
+    @staticmethod
+    def sampling(episode: _Episode, body: dict) -> SamplingParams:
         if body.get("stream"):
             raise EndpointError(400, "streaming is not supported by this endpoint; leave 'stream' unset", "stream")
         if body.get("n", 1) != 1:
@@ -203,18 +205,18 @@ class AgentEndpoint:
         if limit is not None:
             if not isinstance(limit, int) or limit < 1:
                 raise EndpointError(400, f"max_tokens must be an integer >= 1, got {limit!r}", "max_tokens")
-            changes["max_new_tokens"] = min(limit, self.params.max_new_tokens)
+            changes["max_new_tokens"] = min(limit, episode.params.max_new_tokens)
         stop = body.get("stop")
         if stop:
             stop = [stop] if isinstance(stop, str) else list(stop)
-            changes["stop"] = tuple(dict.fromkeys([*self.params.stop, *stop]))
-        return dataclasses.replace(self.params, **changes)
+            changes["stop"] = tuple(dict.fromkeys([*episode.params.stop, *stop]))
+        return dataclasses.replace(episode.params, **changes)
 
     async def complete(self, episode_id: str, body: dict, chat: bool) -> tuple[RecordedCall, SamplingParams]:
         """Builds the call's prompt from the episode's tokens, runs it, and records it."""
         episode = self.episode(episode_id)
         self.check_model(body)
-        params = self.sampling(body)
+        params = self.sampling(episode, body)
         with episode.lock:
             previous = episode.calls[-1] if episode.calls else None
             try:
@@ -230,7 +232,7 @@ class AgentEndpoint:
                                 "messages" if chat else "prompt", "context_length_exceeded")
         params = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, room))
         version = self.version
-        rollout = await asyncio.wrap_future(self.batcher.submit(call.prompt_ids, params))
+        rollout = await asyncio.wrap_future(self.batcher.submit(call.prompt_ids, params, episode.generate))
         call.response_ids, call.logprobs = list(rollout.response_ids), list(rollout.rollout_logprobs)
         call.finish_reason, call.version = rollout.finish_reason, version
         call.text = self.tokenizer.decode(call.response_ids, skip_special_tokens=True)

@@ -113,8 +113,8 @@ class AgentEpisodes:
         return cls(agent, endpoint, env.agent_fn, cfg.data.reward_on_error, env.agent_timeout_s)
 
     def weights_updated(self, version: int) -> None:
-        """The policy version of the engines' weights from now on."""
-        self.version = version
+        """The policy version of the engines' weights from now on (recorded with each call)."""
+        self.version = self.endpoint.version = version
 
     def close(self) -> None:
         self.endpoint.close()
@@ -122,11 +122,10 @@ class AgentEpisodes:
     def run(self, generate, records, prompts: list[list[int]], params) -> list[AgentTrajectory]:
         """`params.n` agent episodes per record, side by side; their trajectories, prompt-major. `prompts` (the
         encoded prompts) are not used: an agent writes its own requests."""
-        self.endpoint.run_generation(generate, params, self.version)
         self.batches += 1
         jobs = [(p, s) for p in range(len(records)) for s in range(params.n)]
         try:
-            results = asyncio.run(self._play_all(records, jobs))
+            results = asyncio.run(self._play_all(records, jobs, generate, params))
         finally:
             engine_error, self.endpoint.batcher.error = self.endpoint.batcher.error, None
             if engine_error is not None:  # the engine failed, not the agents that saw its 500s
@@ -149,20 +148,20 @@ class AgentEpisodes:
                                "is given")
         return trajectories
 
-    async def _play_all(self, records, jobs) -> list[tuple[list, float, dict, str]]:
+    async def _play_all(self, records, jobs, generate, params) -> list[tuple[list, float, dict, str]]:
         """Every episode at once (their calls of a turn then go to the engine together); the engine calls run here,
         on this thread, while the agents wait for their replies."""
         batcher = self.endpoint.batcher
-        episodes = asyncio.gather(*(self._play(records[p], s) for p, s in jobs))
+        episodes = asyncio.gather(*(self._play(records[p], s, generate, params) for p, s in jobs))
         while not episodes.done():
             taken = await asyncio.to_thread(batcher.take, 0.1)
             if taken:
                 batcher.run(taken)
         return await episodes
 
-    async def _play(self, record: PromptRecord, sample: int) -> tuple[list, float, dict, str]:
+    async def _play(self, record: PromptRecord, sample: int, generate, params) -> tuple[list, float, dict, str]:
         """(the episode's recorded calls, its reward, extra numbers, what failed or "")."""
-        episode_id, base_url = self.endpoint.open_episode()
+        episode_id, base_url = self.endpoint.open_episode(generate, params)
         try:
             reward, extra, problem = await self._call_agent(base_url, record, sample)
         finally:

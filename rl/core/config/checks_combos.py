@@ -263,9 +263,6 @@ def check_agent(cfg: Config, problems: Problems) -> None:
     if env.env_class is not None:
         problems.add("environment.agent_fn", f"and environment.env_class ({env.env_class}) both play the episodes; "
                      "set one of them to null")
-    if cfg.trainer.fully_async.enabled:
-        problems.add("environment.agent_fn", "plays episodes that trainer.fully_async does not queue yet; set "
-                     "trainer.fully_async.enabled=false")
 
 
 def check_reward_models(cfg: Config, problems: Problems) -> None:

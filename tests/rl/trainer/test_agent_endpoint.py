@@ -135,8 +135,7 @@ def test_bad_requests_get_openai_errors(tokenizer):
 
     endpoint = AgentEndpoint(tokenizer, "/models/tiny", "127.0.0.1", 0, max_context_tokens=64, max_new_tokens=12)
     threading.Thread(target=endpoint.batcher.serve_forever, daemon=True).start()  # no AgentEpisodes.run here
-    episode_id, base_url = endpoint.open_episode()
-    endpoint.run_generation(ScriptedEngine(tokenizer), SamplingParams(max_new_tokens=12), 0)
+    episode_id, base_url = endpoint.open_episode(ScriptedEngine(tokenizer), SamplingParams(max_new_tokens=12))
     client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
     try:
         with pytest.raises(openai.NotFoundError, match="the model 'gpt-4' does not exist; this endpoint serves "
@@ -160,6 +159,39 @@ def test_bad_requests_get_openai_errors(tokenizer):
     assert calls[1].prompt_ids == calls[0].prompt_ids + calls[0].response_ids + encode(tokenizer, "What is 2 + 2?")
     gone = httpx.post(f"{base_url}/chat/completions", json={"messages": [{"role": "user", "content": "1"}]})
     assert gone.status_code == 404 and "no open episode" in gone.json()["error"]["message"]
+    endpoint.close()
+
+
+def test_episodes_of_two_batches_reach_their_own_engines(tokenizer):
+    """Two batches played at once (the rollout queue's thread and the driver's): each episode's calls go to the
+    `generate` and sampling settings it was opened with, even when one batcher pass takes both."""
+    import threading
+
+    import httpx
+
+    endpoint = AgentEndpoint(tokenizer, "/models/tiny", "127.0.0.1", 0, max_context_tokens=64, max_new_tokens=12)
+    threading.Thread(target=endpoint.batcher.serve_forever, daemon=True).start()
+    engines = [ScriptedEngine(tokenizer), ScriptedEngine(tokenizer, first_right=True)]
+    opened = [endpoint.open_episode(engine, SamplingParams(max_new_tokens=12 - k)) for k, engine in enumerate(engines)]
+
+    def ask(base_url: str, left: int) -> str:
+        reply = httpx.post(f"{base_url}/chat/completions",
+                           json={"messages": [{"role": "user", "content": f"What is {left} + 1?"}]}, timeout=30)
+        return reply.json()["choices"][0]["message"]["content"]
+
+    answers = {}
+    threads = [threading.Thread(target=lambda k=k: answers.update({k: ask(opened[k][1], 3 + k)})) for k in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert answers == {0: "#### 0", 1: "#### 5"}  # the first engine answers wrong, the second right
+    for k, engine in enumerate(engines):
+        prompts = [prompt for call in engine.calls for prompt in call[0]]
+        assert len(prompts) == 1 and f"What is {3 + k} + 1?" in tokenizer.decode(prompts[0])
+        assert engine.calls[0][1].max_new_tokens == 12 - k
+    for episode_id, _ in opened:
+        endpoint.close_episode(episode_id)
     endpoint.close()
 
 
