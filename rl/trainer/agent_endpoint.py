@@ -2,8 +2,9 @@
 
 A FastAPI app served by uvicorn on a thread of the driver. Each episode has a base URL of its own,
 `http://host:port/episodes/<id>/v1`, under which `/chat/completions`, `/completions` and `/models` answer as the
-OpenAI API does (no streaming, one choice per request), so agent code written against the `openai` client needs
-only `base_url`. Every call is recorded token for token in its episode (`agent_records`).
+OpenAI API does (one choice per request; `stream=true` gets the reply as server-sent events once it is
+generated), so agent code written against the `openai` client needs only `base_url`. Every call is recorded token
+for token in its episode (`agent_records`).
 
 The calls of all episodes are gathered into batches (`CallBatcher`): one engine call serves every request waiting
 at that moment, flushed as soon as every open episode has one waiting, or after a short linger. The sampling
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import socket
 import threading
 import time
@@ -24,7 +26,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from rl.core.generation.engine import SamplingParams
 from rl.trainer.agent_records import RecordedCall, chat_prompt, completion_prompt, message_pairs
@@ -195,8 +197,6 @@ class AgentEndpoint:
 
     @staticmethod
     def sampling(episode: _Episode, body: dict) -> SamplingParams:
-        if body.get("stream"):
-            raise EndpointError(400, "streaming is not supported by this endpoint; leave 'stream' unset", "stream")
         if body.get("n", 1) != 1:
             raise EndpointError(400, f"n={body.get('n')} is not supported: one choice per request (call again for "
                                 "another sample)", "n")
@@ -271,6 +271,34 @@ def _chat_logprobs(tokenizer, call: RecordedCall) -> dict:
                         for token, logprob in zip(call.response_ids, call.logprobs, strict=True)]}
 
 
+def _text_pieces(tokenizer, call: RecordedCall) -> list[str]:
+    """The reply's text one sampled token at a time (each piece what that token adds to the decoded text, so that
+    a character spread over several tokens comes whole); they join to `call.text`."""
+    pieces, shown = [], ""
+    for end in range(1, len(call.response_ids) + 1):
+        text = tokenizer.decode(call.response_ids[:end], skip_special_tokens=True)
+        if text.startswith(shown) and not text.endswith("\ufffd") and len(text) > len(shown):
+            pieces.append(text[len(shown):])
+            shown = text
+    if shown != call.text:  # what incremental decoding could not place
+        pieces.append(call.text[len(shown):] if call.text.startswith(shown) else call.text)
+    return pieces
+
+
+def _event_stream(head: dict, choices: list[dict], body: dict, call: RecordedCall) -> StreamingResponse:
+    """`stream=true`: the generated reply as OpenAI's server-sent events, one chunk per piece, the last with the
+    finish reason, then the usage (with stream_options.include_usage) and `[DONE]`. The engines generate a call
+    whole, so the chunks follow each other at once."""
+    def events():
+        for choice in choices:
+            yield f"data: {json.dumps({**head, 'choices': [{'index': 0, **choice}]})}\n\n"
+        if (body.get("stream_options") or {}).get("include_usage"):
+            yield f"data: {json.dumps({**head, 'choices': [], 'usage': _usage(call)})}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
 def build_app(endpoint: AgentEndpoint) -> FastAPI:
     app = FastAPI(title="rl agent endpoint", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -298,16 +326,28 @@ def build_app(endpoint: AgentEndpoint) -> FastAPI:
     async def chat(episode_id: str, request: Request):
         body = await body_of(request)
         call, _ = await endpoint.complete(episode_id, body, chat=True)
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": endpoint.model_name}
+        if body.get("stream"):
+            pieces = [{"delta": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": None}
+                      for text in _text_pieces(endpoint.tokenizer, call)]
+            last = {"delta": {}, "logprobs": None, "finish_reason": call.finish_reason}
+            return _event_stream({**head, "object": "chat.completion.chunk"}, [*pieces, last], body, call)
         choice = {"index": 0, "message": {"role": "assistant", "content": call.text},
                   "finish_reason": call.finish_reason,
                   "logprobs": _chat_logprobs(endpoint.tokenizer, call) if body.get("logprobs") else None}
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": endpoint.model_name, "choices": [choice], "usage": _usage(call)}
+        return {**head, "object": "chat.completion", "choices": [choice], "usage": _usage(call)}
 
     @app.post("/episodes/{episode_id}/v1/completions")
     async def completions(episode_id: str, request: Request):
         body = await body_of(request)
         call, _ = await endpoint.complete(episode_id, body, chat=False)
+        if body.get("stream"):
+            head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": endpoint.model_name,
+                    "object": "text_completion"}
+            pieces = [{"text": text, "logprobs": None, "finish_reason": None}
+                      for text in _text_pieces(endpoint.tokenizer, call)]
+            return _event_stream(head, [*pieces, {"text": "", "logprobs": None, "finish_reason": call.finish_reason}],
+                                 body, call)
         logprobs = None
         if body.get("logprobs") is not None:
             tokens = [endpoint.tokenizer.decode([t]) for t in call.response_ids]

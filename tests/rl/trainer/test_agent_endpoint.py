@@ -145,8 +145,6 @@ def test_bad_requests_get_openai_errors(tokenizer):
         with pytest.raises(openai.BadRequestError, match=re.escape("leaving no room for a reply within "
                                                                    "generator.max_input_length=64")):
             client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": long}])
-        with pytest.raises(openai.BadRequestError, match="streaming is not supported"):
-            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1"}], stream=True)
         assert [m.id for m in client.models.list().data] == ["/models/tiny"]
         # plain HTTP, a completion given as text, then continued
         reply = httpx.post(f"{base_url}/completions", json={"model": "tiny", "prompt": "What is 2 + 2?"}).json()
@@ -159,6 +157,34 @@ def test_bad_requests_get_openai_errors(tokenizer):
     assert calls[1].prompt_ids == calls[0].prompt_ids + calls[0].response_ids + encode(tokenizer, "What is 2 + 2?")
     gone = httpx.post(f"{base_url}/chat/completions", json={"messages": [{"role": "user", "content": "1"}]})
     assert gone.status_code == 404 and "no open episode" in gone.json()["error"]["message"]
+    endpoint.close()
+
+
+def test_streamed_replies_are_the_recorded_calls(tokenizer):
+    """`stream=true` (chat and text completions, the `openai` client's iterators): the chunks join to the reply the
+    episode recorded, the last carries the finish reason, and include_usage adds the token counts."""
+    import threading
+
+    endpoint = AgentEndpoint(tokenizer, "/models/tiny", "127.0.0.1", 0, max_context_tokens=64, max_new_tokens=12)
+    threading.Thread(target=endpoint.batcher.serve_forever, daemon=True).start()
+    episode_id, base_url = endpoint.open_episode(ScriptedEngine(tokenizer), SamplingParams(max_new_tokens=12))
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    try:
+        chunks = list(client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "What is 2 + 3?"}], stream=True,
+            stream_options={"include_usage": True}))
+        texts = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert "".join(texts) == "#### 0" and len(texts) > 2  # a piece per token
+        assert finishes[-1] == "stop" and not any(finishes[:-1])
+        text = list(client.completions.create(model="tiny", prompt="What is 4 + 4?", stream=True))
+        assert "".join(c.choices[0].text for c in text) == "#### 0" and text[-1].choices[0].finish_reason == "stop"
+    finally:
+        client.close()
+    calls = endpoint.close_episode(episode_id)
+    assert [call.text for call in calls] == ["#### 0", "#### 0"]
+    assert chunks[-1].usage.completion_tokens == len(calls[0].response_ids)
+    assert chunks[-1].usage.prompt_tokens == len(calls[0].prompt_ids)
     endpoint.close()
 
 
