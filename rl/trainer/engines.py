@@ -135,6 +135,9 @@ class RemoteEngines(GenerationEngine):
         self.places = ray.get([a.where.remote() for a in self.actors])
         self.device = ", ".join(f"engine {i}: {place}" for i, place in enumerate(self.places))
         self.timeout_s: float | None = None  # trainer.actor_call_timeout_s
+        # A push and the calls of other threads (the rollout queue's episodes) reach an engine in the order they
+        # are submitted from here: no call is submitted between begin_update and finish_update.
+        self.gate, self.pushing = threading.Condition(), False
 
     @property
     def labels(self) -> list[str]:
@@ -158,8 +161,10 @@ class RemoteEngines(GenerationEngine):
         (first prompt index, pending result) per share."""
         share = -(-len(prompts) // len(self.actors))
         starts = list(range(0, len(prompts), share)) if prompts else []
-        return [(start, self._generate_call(actor).remote(prompts[start:start + share], params))
-                for actor, start in zip(self.actors, starts, strict=False)]
+        with self.gate:
+            self.gate.wait_for(lambda: not self.pushing)
+            return [(start, self._generate_call(actor).remote(prompts[start:start + share], params))
+                    for actor, start in zip(self.actors, starts, strict=False)]
 
     def _generate_call(self, actor):
         method = actor.generate_versioned
@@ -179,11 +184,19 @@ class RemoteEngines(GenerationEngine):
 
     def begin_update(self) -> None:
         """Waits for the calls already submitted to finish (with partial rollouts: for their segments in
-        progress), then marks every engine as being updated."""
-        self.wait([a.begin_update.remote() for a in self.actors])
+        progress), then marks every engine as being updated; calls submitted from now wait for `finish_update`."""
+        with self.gate:
+            self.pushing = True
+            refs = [a.begin_update.remote() for a in self.actors]
+        self.wait(refs)
 
     def finish_update(self, version: int) -> None:
-        self.wait([a.finish_update.remote(version) for a in self.actors])
+        try:
+            self.wait([a.finish_update.remote(version) for a in self.actors])
+        finally:
+            with self.gate:
+                self.pushing = False
+                self.gate.notify_all()
 
     def update_weights(self, named_tensors) -> None:
         bucket = list(named_tensors)

@@ -1,5 +1,5 @@
 """A generation engine or a training worker SIGKILLed in the middle of an asynchronous run, or an engine stopped
-(SIGSTOP: it hangs, and trainer.actor_call_timeout_s is 30 s): the launcher ends within 60 s with exit code 1 and
+(SIGSTOP: it hangs, and trainer.actor_call_timeout_s is 15 s): the launcher ends within 60 s with exit code 1 and
 one line naming the actor (what it is, host, Ray node, pid), the step and the last complete checkpoint, which stays
 intact; no traceback."""
 
@@ -24,7 +24,7 @@ CASES = {  # victim: (its pid in the log, signal, how the last line names it)
                r"training worker rank 1 \(\S+ node \S+ pid {pid}\) died \(.*\)"),
     # a stopped engine holds up whoever waits on it (rank 0 streaming weights to it): all of them are named
     "hung-engine": (r"engine 0: \S+ node \S+ pid (\d+)", signal.SIGSTOP,
-                    r"(.*, )?" + ENGINE + r"(, .*)? did not answer within 30 s \(trainer\.actor_call_timeout_s\)"),
+                    r"(.*, )?" + ENGINE + r"(, .*)? did not answer within 15 s \(trainer\.actor_call_timeout_s\)"),
 }
 
 
@@ -34,12 +34,12 @@ def test_failed_actor_ends_the_run_naming_it(tmp_path, victim):
     job = make_tiny_job(str(tmp_path / "job"))
     run_dir = str(tmp_path / "run")
     log = open(tmp_path / "launcher.log", "w+")  # noqa: SIM115  (read during the run, closed below)
-    proc = start_train(run_dir, [*job.overrides(steps=300), *RUN, "trainer.actor_call_timeout_s=30"], output=log)
+    proc = start_train(run_dir, [*job.overrides(steps=300), *RUN, "trainer.actor_call_timeout_s=15"], output=log)
     try:
         root = os.path.join(run_dir, "checkpoints")
         deadline = time.monotonic() + 300
-        while not os.path.isdir(checkpoint.step_dir(root, 2)):
-            assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach step 2"
+        while not os.path.isdir(checkpoint.step_dir(root, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach step 1"
             time.sleep(0.5)
         log.seek(0)
         pid = int(re.search(pid_pattern, log.read()).group(1))

@@ -93,6 +93,40 @@ def test_a_push_mid_call_splits_responses_between_two_versions(job, engines):
     assert 0 < metrics["token_lag_mean"] < 1
 
 
+def test_calls_from_another_thread_never_land_inside_a_push(job):
+    """Whole calls (no segments) submitted from a thread of their own, as the rollout queue's episodes submit them,
+    while the driver pushes weights: each call reaches the engine before a push or after it, never between
+    begin_update and finish_update (where the engine refuses to generate), and reports the version it ran on."""
+    import threading
+
+    from rl.trainer.engines import RemoteEngines
+
+    whole = RemoteEngines("hf", job.model_path, 1, {"device": "cpu"}, lambda i: {"num_cpus": 0})
+    tokenizer = AutoTokenizer.from_pretrained(job.model_path)
+    state = list(AutoModelForCausalLM.from_pretrained(job.model_path, dtype=torch.float32).state_dict().items())
+    seen, failures, pushes = [], [], 6
+    done = threading.Event()
+
+    def calls():
+        try:
+            while not done.is_set():
+                call = whole.submit([tokenizer.encode("1+1=")], SamplingParams(max_new_tokens=4, seed=1))
+                seen.extend(whole.collect(call)[0])
+        except Exception as error:  # reported below
+            failures.append(error)
+
+    thread = threading.Thread(target=calls)
+    thread.start()
+    for version in range(1, pushes + 1):
+        whole.begin_update()
+        whole.update_weights(state)
+        whole.finish_update(version)
+    done.set()
+    thread.join(60)
+    assert not failures, failures
+    assert seen and seen == sorted(seen) and set(seen) <= set(range(pushes + 1))
+
+
 class _Scripted:
     """An engine playing fixed scripts: sample s of prompt [p] samples `scripts[p, s]`, a continuation (the prompt
     and a prefix of a script) that script's next tokens; 0 is its stop token. The weights' version is 0 for the first
