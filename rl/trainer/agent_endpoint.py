@@ -272,16 +272,21 @@ def _chat_logprobs(tokenizer, call: RecordedCall) -> dict:
 
 
 def _text_pieces(tokenizer, call: RecordedCall) -> list[str]:
-    """The reply's text one sampled token at a time (each piece what that token adds to the decoded text, so that
-    a character spread over several tokens comes whole); they join to `call.text`."""
-    pieces, shown = [], ""
-    for end in range(1, len(call.response_ids) + 1):
-        text = tokenizer.decode(call.response_ids[:end], skip_special_tokens=True)
-        if text.startswith(shown) and not text.endswith("\ufffd") and len(text) > len(shown):
+    """The reply's text one sampled token at a time: each piece is what a token adds to the decoding of the tokens
+    since the last piece (a character spread over several tokens waits until it is whole), so a reply costs a
+    decode of a few tokens per token, not of its whole prefix. Pieces that would not join to `call.text` (a
+    tokenizer whose decoding depends on more context) give way to the text as one piece."""
+    ids, pieces = call.response_ids, []
+    start = read = 0  # the tokens decoded for context, and those already shown
+    for end in range(1, len(ids) + 1):
+        shown = tokenizer.decode(ids[start:read], skip_special_tokens=True)
+        text = tokenizer.decode(ids[start:end], skip_special_tokens=True)
+        if len(text) > len(shown) and text.startswith(shown) and not text.endswith("\ufffd"):
             pieces.append(text[len(shown):])
-            shown = text
-    if shown != call.text:  # what incremental decoding could not place
-        pieces.append(call.text[len(shown):] if call.text.startswith(shown) else call.text)
+            start, read = read, end
+    joined = "".join(pieces)
+    if joined != call.text:
+        return [*pieces, call.text[len(joined):]] if call.text.startswith(joined) else [call.text]
     return pieces
 
 

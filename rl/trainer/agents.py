@@ -95,7 +95,6 @@ class AgentEpisodes:
                  timeout_s: float | None = None):
         self.agent, self.endpoint, self.reference = agent, endpoint, reference
         self.on_error, self.timeout_s = on_error, timeout_s
-        self.version = 0
         self.batches = 0
 
     @classmethod
@@ -114,7 +113,7 @@ class AgentEpisodes:
 
     def weights_updated(self, version: int) -> None:
         """The policy version of the engines' weights from now on (recorded with each call)."""
-        self.version = self.endpoint.version = version
+        self.endpoint.version = version
 
     def close(self) -> None:
         self.endpoint.close()

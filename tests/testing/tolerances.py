@@ -41,6 +41,14 @@ def unit_roundoff(dtype: torch.dtype) -> float:
     return UNIT_ROUNDOFF[dtype]
 
 
+def lr_schedule_gap(lr: float, steps: int = 1) -> float:
+    """How far two float64 evaluations of one scheduled learning rate can be apart (rl.core.algorithms.lr_schedule
+    against a peer's schedule, or against a rate written out by hand): each takes a dozen-odd roundings (the
+    progress, the cosine, the products and sums with lr and min_lr) of terms no larger than lr, 16 per step of a
+    schedule that updates the rate from the previous one (`steps`, torch's chainable CosineAnnealingLR)."""
+    return gamma(16 * steps, torch.float64) * lr
+
+
 def gamma(k: int, dtype: torch.dtype) -> float:
     """Higham's gamma_k = k*u / (1 - k*u): the relative error bound of a k-term sum or dot product in any order,
     relative to the sum of the terms' magnitudes. Valid while k*u < 1."""

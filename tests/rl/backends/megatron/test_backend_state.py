@@ -58,7 +58,8 @@ def results(model_path, tmp_path_factory):
 def test_checkpoint_restores_training_and_export_loads_in_transformers(model_path, results, layout):
     result = results[layout]
     assert result["got"] == result["expected"]
-    assert result["expected"]["lr"] == pytest.approx(5.5e-3, rel=1e-12)  # the schedule's second rate, resumed too
+    # the schedule's second rate, resumed too
+    assert result["expected"]["lr"] == pytest.approx(5.5e-3, rel=0, abs=tolerances.lr_schedule_gap(1e-2))
     # trainer.collective_timeout_s reaches the world group, megatron-core's groups (whole minutes) and later ones
     assert result["timeouts"] == {"world": COLLECTIVE_TIMEOUT_S, "a new group": COLLECTIVE_TIMEOUT_S,
                                   "megatron data-parallel": math.ceil(COLLECTIVE_TIMEOUT_S / 60) * 60}

@@ -18,6 +18,7 @@ from rl.core.config.keys import all_keys
 from rl.trainer.metrics import read_metrics
 from tests.rl.core.config.skyrl_scripts import skyrl_args
 from tests.rl.core.config.upstream_configs import NEMO_1B, NEMO_1B_MEGATRON
+from tests.testing import tolerances
 from tests.testing.tiny_job import make_tiny_job, run_train
 
 
@@ -61,7 +62,7 @@ def test_skyrl_quickstart_trains(job, tmp_path):
     result = run_train(run_dir, [*script, *job.overrides(steps=2), *cosine])
     _trained_two_steps(result, run_dir)
     rates = [row["lr"] for row in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "lr" in row]
-    assert rates == pytest.approx([1e-3, 5e-4], rel=1e-12)
+    assert rates == pytest.approx([1e-3, 5e-4], rel=0, abs=tolerances.lr_schedule_gap(1e-3))
     output = result.stdout + result.stderr
     assert "SkyRL keys read as ours" in output and "trainer.strategy=fsdp is FSDP1" in output
     saved = _saved(run_dir)
