@@ -62,8 +62,8 @@ class CallBatcher:
     sampling setting. Whoever plays episodes runs them (`take`, then `run`) on its own thread: the driver's main
     one, or the rollout queue's thread that plays a batch ahead (`trainer.fully_async`)."""
 
-    def __init__(self, open_count):
-        self.open_count = open_count
+    def __init__(self, open_count, linger_s: float = LINGER_S):
+        self.open_count, self.linger_s = open_count, linger_s
         self.cond = threading.Condition()
         self.waiting: list[Waiting] = []
         self.batches = 0
@@ -77,14 +77,14 @@ class CallBatcher:
         return future
 
     def take(self, timeout_s: float) -> list[Waiting]:
-        """The requests waiting once every open episode has one waiting, or `LINGER_S` after the first arrived;
-        nothing when none arrives within `timeout_s`."""
+        """The requests waiting once every open episode has one waiting, or `linger_s` after the first arrived (an
+        episode may be busy elsewhere, in a tool or a sandbox); nothing when none arrives within `timeout_s`."""
         with self.cond:
             if not self.waiting:
                 self.cond.wait(timeout_s)
             if not self.waiting:
                 return []
-            deadline = time.monotonic() + LINGER_S
+            deadline = time.monotonic() + self.linger_s
             while len(self.waiting) < self.open_count() and time.monotonic() < deadline:
                 self.cond.wait(max(deadline - time.monotonic(), 0.001))
             taken, self.waiting = self.waiting, []

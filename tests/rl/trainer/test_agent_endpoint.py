@@ -70,7 +70,10 @@ def encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def test_the_example_agent_trains_on_exactly_the_sampled_tokens(tokenizer, endpoint):
+def test_the_example_agent_trains_on_exactly_the_sampled_tokens(tokenizer, endpoint, monkeypatch):
+    # the batches below are the ones a flush on "every open episode has a request waiting" makes; the linger (a
+    # fallback for an episode busy elsewhere) is long enough here that a loaded machine does not flush early
+    monkeypatch.setattr(endpoint.batcher, "linger_s", 30.0)
     engine = ScriptedEngine(tokenizer)
     episodes = agents(endpoint)
     episodes.weights_updated(7)
