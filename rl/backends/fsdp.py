@@ -21,7 +21,7 @@ from rl.backends.base import TrainingBackend
 from rl.backends.dcp_checkpoint import DCPCheckpointMixin
 from rl.backends.fsdp_config import FSDPConfig, offloads
 from rl.backends.lora import add_lora
-from rl.backends.mesh import decoder_layers, device_mesh
+from rl.backends.mesh import device_mesh, sharded_blocks
 from rl.backends.precision import bf16_compute
 from rl.backends.weight_sync import Bucket, bucketed, rank0_buckets
 
@@ -42,7 +42,7 @@ class FSDPBackend(DCPCheckpointMixin, TrainingBackend):
             add_lora(model, spec.lora, spec.path, critic=self.is_critic)
         if spec.gradient_checkpointing and self.trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        layer_types = {type(layer) for layer in decoder_layers(model)}
+        layer_types = {type(layer) for layer in sharded_blocks(model)}
         hybrid = options.fsdp_size not in (-1, self.dist.world_size)
         policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_types)
         if spec.lora:

@@ -15,7 +15,7 @@ from rl.backends.base import TrainingBackend
 from rl.backends.dcp_checkpoint import DCPCheckpointMixin
 from rl.backends.fsdp_config import FSDPConfig, offloads
 from rl.backends.lora import add_lora
-from rl.backends.mesh import decoder_layers, device_mesh
+from rl.backends.mesh import device_mesh, sharded_blocks
 from rl.backends.precision import bf16_compute
 from rl.backends.weight_sync import Bucket, bucketed, rank0_buckets
 
@@ -39,7 +39,7 @@ class FSDP2Backend(DCPCheckpointMixin, TrainingBackend):
             shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if offloads(options, self.dist.device.type, self.dist.is_main):
             shard_kwargs["offload_policy"] = CPUOffloadPolicy()
-        for layer in decoder_layers(model):
+        for layer in sharded_blocks(model):
             fully_shard(layer, **shard_kwargs)
         fully_shard(model, **shard_kwargs)
         self.model = model

@@ -6,6 +6,8 @@ attend within each sequence at its own cost; plain sdpa/eager fall back on the b
 derives from the position resets. No token attends across a sequence boundary either way. Padded batches go in as
 [S, L] rows with an attention mask.
 
+A vision-language model also gets the batch's images and its multimodal rotary positions (`rl.backends.multimodal`).
+
 Only positions that predict a loss token go through the LM head (transformers' `logits_to_keep` with an index
 tensor, as TRL and veRL do): prompt positions cost no `[tokens, vocab]` logits, log-softmax or LM-head backward.
 """
@@ -19,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from rl.backends.logits import token_logprobs_and_entropy
+from rl.backends.multimodal import multimodal_kwargs, takes_images
 from rl.backends.tied_grad import shared_tied_grad
 from rl.backends.ulysses import SequenceParallel, sum_over_group
 from rl.backends.varlen_attention import packing_kwargs
@@ -72,9 +75,23 @@ def _slice_inputs(batch: PackedBatch, positions: Tensor, sp: SequenceParallel) -
     return kwargs, mine + 1
 
 
+def model_inputs(model: nn.Module, batch: PackedBatch, sp: SequenceParallel | None = None) -> tuple[dict, Tensor]:
+    """`scored_inputs`, with a vision-language model's images and positions added."""
+    kwargs, targets_at = scored_inputs(batch, sp)
+    inner = _hf_model(model)
+    if takes_images(inner):
+        if sp is not None:
+            raise ValueError("trainer.policy.sequence_parallel_size > 1 does not split a vision-language model's "
+                             "images and positions; set it to 1 for this model")
+        kwargs.update(multimodal_kwargs(inner, batch))
+    elif batch.has_images:
+        raise ValueError(f"the batch has images, but {type(inner).__name__} is a text-only model")
+    return kwargs, targets_at
+
+
 def scored_logits(model: nn.Module, batch: PackedBatch, sp: SequenceParallel | None = None) -> ScoredLogits:
     """The logits of the positions that predict loss tokens (see `scored_inputs`)."""
-    kwargs, targets_at = scored_inputs(batch, sp)
+    kwargs, targets_at = model_inputs(model, batch, sp)
     logits = model(**kwargs).logits
     return ScoredLogits(logits.reshape(-1, logits.shape[-1]), targets_at)
 
@@ -82,6 +99,15 @@ def scored_logits(model: nn.Module, batch: PackedBatch, sp: SequenceParallel | N
 def _unwrapped(model: nn.Module) -> nn.Module:
     """The Hugging Face model inside a DeepSpeed engine or FSDP wrapper."""
     while not hasattr(model, "get_output_embeddings") and hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def _hf_model(model: nn.Module) -> nn.Module:
+    """The Hugging Face model itself (its config and submodules, not a wrapper's that forwards some of them)."""
+    from transformers import PreTrainedModel
+
+    while not isinstance(model, PreTrainedModel) and hasattr(model, "module"):
         model = model.module
     return model
 
@@ -113,7 +139,7 @@ def head_call(model: nn.Module, batch: PackedBatch, fn, defer_head_grad: bool = 
     """What `fn(hidden [M, H], lm_head_weight, targets_at [M], weight_grad_sink)` returned: the model body over the
     batch, then `fn` in place of the LM head over the scored positions (those of `scored_logits`).
     `weight_grad_sink` is None unless `defer_head_grad` and the embeddings are tied (see `tied_grad`)."""
-    kwargs, targets_at = scored_inputs(batch)
+    kwargs, targets_at = model_inputs(model, batch)
     head = output_head(model)
     embedding = _unwrapped(model).get_input_embeddings()
     with (shared_tied_grad(embedding, head, defer_head_grad) as route,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 
 import torch
 from torch import Tensor, nn
@@ -43,19 +44,40 @@ def attention_implementation(device: torch.device, sequence_parallel: bool = Fal
     return name
 
 
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "chat_template.jinja", "chat_template.json")
+
+
+def is_vision_language(config) -> bool:
+    """Whether an HF config is a vision-language model's (Qwen2-VL's kind: a vision tower beside the language
+    model)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def generative_class(config):
+    """The auto class that builds a generating model of `config`: image-text-to-text for a vision-language model,
+    causal LM otherwise."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+
+
 def load_causal_lm(path: str, device: torch.device, sequence_parallel: bool = False, flash_attn: bool | None = None,
                    bf16: bool | None = None) -> nn.Module:
-    """An HF causal LM in fp32 on `device` (mixed precision is the strategy's); with `sequence_parallel` its
-    attention runs through Ulysses (`rl.backends.ulysses`, inactive until the backend attaches a group);
-    `flash_attn` and `bf16` pick the attention kernel (`attention_implementation`)."""
-    from transformers import AutoModelForCausalLM
+    """An HF causal LM (or a vision-language model) in fp32 on `device` (mixed precision is the strategy's); with
+    `sequence_parallel` its attention runs through Ulysses (`rl.backends.ulysses`, inactive until the backend
+    attaches a group); `flash_attn` and `bf16` pick the attention kernel (`attention_implementation`), for the
+    vision tower too."""
+    from transformers import AutoConfig
 
     if not os.path.isdir(os.path.expanduser(path)) and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise FileNotFoundError(f"trainer.policy.model.path: no model directory at '{path}' (hub access is off)")
     attention = attention_implementation(device, sequence_parallel, flash_attn, bf16)
-    model = AutoModelForCausalLM.from_pretrained(os.path.expanduser(path), dtype=torch.float32,
-                                                 attn_implementation=attention)
+    config = AutoConfig.from_pretrained(os.path.expanduser(path))
+    model = generative_class(config).from_pretrained(os.path.expanduser(path), dtype=torch.float32,
+                                                     attn_implementation=attention)
     model.config.use_cache = False
+    if is_vision_language(model.config):  # a packed row is only told apart without a cache (transformers' masks)
+        model.config.text_config.use_cache = False
     return model.to(device)
 
 
@@ -64,7 +86,7 @@ def save_hf_checkpoint(model_path: str, state_dict: dict[str, Tensor], output_di
     """Writes `state_dict` (HF names) as a checkpoint `from_pretrained` loads, with the source's config and
     tokenizer files; the directory appears complete or not at all (written beside, then renamed). A `critic`'s
     state (`rl.backends.value_head`) is written as a one-label token classifier."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer
 
     if critic:
         from rl.backends.value_head import critic_config, hf_critic_state
@@ -72,13 +94,17 @@ def save_hf_checkpoint(model_path: str, state_dict: dict[str, Tensor], output_di
         config, auto = critic_config(model_path), AutoModelForTokenClassification
         state_dict = hf_critic_state(state_dict)
     else:
-        config, auto = AutoConfig.from_pretrained(model_path), AutoModelForCausalLM
+        config = AutoConfig.from_pretrained(model_path)
+        auto = generative_class(config)
     with torch.device("meta"):
         skeleton = auto.from_config(config)
     staging = output_dir.rstrip("/") + ".partial"
     os.makedirs(staging, exist_ok=True)
     skeleton.save_pretrained(staging, state_dict=without_tied_copy(skeleton, state_dict), safe_serialization=True)
     AutoTokenizer.from_pretrained(model_path).save_pretrained(staging)
+    for name in PROCESSOR_FILES:  # a vision-language model's image processor and chat template travel as files
+        if os.path.isfile(source := os.path.join(os.path.expanduser(model_path), name)):
+            shutil.copyfile(source, os.path.join(staging, name))
     if os.path.isdir(output_dir):
         raise FileExistsError(f"{output_dir} already exists; exports are never overwritten")
     os.replace(staging, output_dir)

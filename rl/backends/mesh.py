@@ -14,8 +14,16 @@ def device_mesh(device: torch.device, world_size: int, fsdp_size: int) -> Device
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer blocks of a Hugging Face causal LM (Qwen2/Llama/Mistral-style `model.layers`)."""
-    layers = getattr(getattr(model, "model", None), "layers", None)
+    """The transformer blocks of a Hugging Face causal LM (Qwen2/Llama/Mistral-style `model.layers`; a
+    vision-language model's `model.language_model.layers`)."""
+    body = getattr(model, "model", None)
+    layers = getattr(getattr(body, "language_model", body), "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__} has no `model.layers`: cannot find its decoder blocks to shard")
     return list(layers)
+
+
+def sharded_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks a sharding strategy wraps one by one: the decoder's, and a vision tower's (`model.visual`)."""
+    visual = getattr(getattr(model, "model", None), "visual", None)
+    return decoder_layers(model) + list(getattr(visual, "blocks", []))

@@ -91,6 +91,19 @@ def decoder_reductions(config, positions: int, tokens: int = 0, adapter_rank: in
     return [tokens, get("vocab_size"), hidden, hidden] + per_layer * layers
 
 
+def vision_tower_reductions(config, patches: int) -> list[int]:
+    """The reductions through Qwen2-VL's (or Qwen2.5-VL's) vision tower, for `network_rtol`: the patch embedding
+    over channels x frames x patch^2; per block two norms, the qkv and output projections over its width, the
+    attention's softmax and weighted sum over an image's `patches`, the MLP's two projections; the merger's norm and
+    two projections over merge^2 x width and the output width. `config` is the model's `vision_config`."""
+    width = getattr(config, "embed_dim", None) or config.hidden_size
+    inner = getattr(config, "intermediate_size", None) or int(width * config.mlp_ratio)
+    patch = config.in_channels * config.temporal_patch_size * config.patch_size ** 2
+    per_block = [width] * 4 + [patches, patches, inner]
+    merged = width * config.spatial_merge_size ** 2
+    return [patch] + per_block * config.depth + [width, merged, merged]
+
+
 def logprob_gap(config, logits: torch.Tensor, positions: int, dtype: torch.dtype = torch.float32) -> float:
     """Gap bound of two computations of a decoder's log-probabilities (or logits) over sequences of up to
     `positions` tokens in different orders (packed vs alone, cached decoding vs one pass, batched vs single):

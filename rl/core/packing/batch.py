@@ -11,6 +11,11 @@ the slot is padding (``input_ids`` = pad id, ``loss_mask`` = False, float fields
 
 ``position_ids`` restart at 0 in every slot and keep counting through the slot's padding.
 
+Images (vision-language models) ride as one optional per-sequence entry, ``images[i]``: the pixel values and patch
+grids the model's processor made for sequence i's images (None for a sequence without images). The sequence's
+image placeholder tokens are in its ``input_ids``; the backend turns both into what its model takes (the
+multimodal rotary positions included, `rl.backends.multimodal`).
+
 Logprob alignment. Per-token tensors (``loss_mask``, ``advantages``, ``old_logprobs``, ``ref_logprobs``,
 ``rollout_logprobs``) are aligned with the TARGET token: entry t holds log p(input_ids[t] | earlier tokens of the
 same sequence); the critic's fields (``old_values``, ``returns``) likewise hold the value of the state before token t
@@ -30,6 +35,28 @@ from torch import Tensor
 
 TOKEN_FIELDS = ("advantages", "old_logprobs", "ref_logprobs", "rollout_logprobs", "old_values", "returns")
 """Optional per-token float fields, aligned with the target token."""
+
+
+@dataclass(frozen=True)
+class SequenceImages:
+    """The images of one sequence as its model's processor prepared them: `pixel_values` [P, D] (the patches of
+    all its images, in order) and `grid_thw` [n, 3] long (each image's patch grid: frames, height, width)."""
+
+    pixel_values: Tensor
+    grid_thw: Tensor
+
+    def __post_init__(self) -> None:
+        if self.pixel_values.dim() != 2 or self.grid_thw.dim() != 2 or self.grid_thw.shape[1] != 3:
+            raise ValueError(f"SequenceImages needs pixel_values [P, D] and grid_thw [n, 3], got "
+                             f"{tuple(self.pixel_values.shape)} and {tuple(self.grid_thw.shape)}")
+        patches = int(self.grid_thw.prod(-1).sum())
+        if patches != self.pixel_values.shape[0]:
+            raise ValueError(f"grid_thw {self.grid_thw.tolist()} holds {patches} patches, pixel_values has "
+                             f"{self.pixel_values.shape[0]} rows")
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> SequenceImages:
+        return SequenceImages(self.pixel_values.to(device, non_blocking=non_blocking),
+                              self.grid_thw.to(device, non_blocking=non_blocking))
 
 
 @dataclass(frozen=True)
@@ -54,6 +81,7 @@ class PackedBatch:
     old_values: Tensor | None = None  # the critic's values before its update (value clipping)
     returns: Tensor | None = None  # the critic's targets (GAE's advantages + values)
     padded: bool = False
+    images: tuple[SequenceImages | None, ...] | None = None  # per sequence (see the module docstring)
 
     def __post_init__(self) -> None:
         n, s = self.input_ids.numel(), self.seq_index.numel()
@@ -70,6 +98,12 @@ class PackedBatch:
                 raise ValueError(f"{name} must have N={n} tokens like input_ids, got shape {tuple(value.shape)}")
         if self.padded and s and n % s:
             raise ValueError(f"a padded batch needs N divisible by S, got N={n}, S={s}")
+        if self.images is not None and len(self.images) != s:
+            raise ValueError(f"images must have one entry (or None) per sequence, got {len(self.images)} for S={s}")
+
+    @property
+    def has_images(self) -> bool:
+        return self.images is not None and any(entry is not None for entry in self.images)
 
     @property
     def num_sequences(self) -> int:
@@ -132,6 +166,9 @@ class PackedBatch:
             for f in dataclasses.fields(self)
             if isinstance(value := getattr(self, f.name), Tensor)
         }
+        if self.images is not None:
+            moved["images"] = tuple(None if entry is None else entry.to(device, non_blocking)
+                                    for entry in self.images)
         return self.replace(**moved)
 
     def select(self, positions: Sequence[int] | Tensor) -> PackedBatch:
@@ -152,5 +189,6 @@ class PackedBatch:
             cu_seqlens=cu.to(self.cu_seqlens.dtype),
             seq_lengths=self.seq_lengths[pos],
             seq_index=self.seq_index[pos.to(self.seq_index.device)],
+            images=None if self.images is None else tuple(self.images[int(i)] for i in pos.tolist()),
             **per_token,
         )

@@ -2,7 +2,8 @@
 
 Each input sequence is a mapping with ``input_ids`` and ``loss_mask`` (required) and optionally any of
 `TOKEN_FIELDS`, all of the sequence's length and aligned with the target token (see batch.py): ``loss_mask[0]``
-must be 0. Every sequence must carry the same keys; unknown keys are rejected rather than dropped.
+must be 0. A sequence may also carry ``images`` (a `SequenceImages`, or None for one without images). Every
+sequence must carry the same keys; unknown keys are rejected rather than dropped.
 
 No sequences give an empty batch (N = S = 0, every TOKEN_FIELDS entry an empty float tensor), which is what a rank
 with nothing left to process runs so that its collective operations stay in step with the other ranks.
@@ -18,14 +19,16 @@ from torch import Tensor
 from rl.core.packing.batch import TOKEN_FIELDS, PackedBatch
 
 REQUIRED_FIELDS = ("input_ids", "loss_mask")
+SEQUENCE_FIELDS = ("images",)  # one value per sequence, not per token
 SequenceInput = Mapping[str, Tensor | Sequence[float]]
 
 
 def _key_set(sequences: Sequence[SequenceInput]) -> list[str]:
     keys = set(sequences[0])
-    unknown = keys - {*REQUIRED_FIELDS, *TOKEN_FIELDS}
+    allowed = [*REQUIRED_FIELDS, *TOKEN_FIELDS, *SEQUENCE_FIELDS]
+    unknown = keys - set(allowed)
     if unknown:
-        raise ValueError(f"sequence 0 has unknown keys {sorted(unknown)}; allowed: {[*REQUIRED_FIELDS, *TOKEN_FIELDS]}")
+        raise ValueError(f"sequence 0 has unknown keys {sorted(unknown)}; allowed: {allowed}")
     missing = [key for key in REQUIRED_FIELDS if key not in keys]
     if missing:
         raise ValueError(f"sequence 0 lacks the required keys {missing}")
@@ -96,6 +99,7 @@ def _build(sequences, seq_index, slot_width, padded: bool, pad_token_id: int) ->
         loss_mask=place(flat["loss_mask"], False),
         seq_index=index.to(device),
         padded=padded,
+        images=tuple(seq["images"] for seq in sequences) if "images" in sequences[0] else None,
         **{key: place(flat[key], 0) for key in TOKEN_FIELDS if key in flat},
     )
 

@@ -30,27 +30,30 @@ CHAT_TEMPLATE = (
 MODEL_MAX_LENGTH = 128
 
 
-def vocabulary() -> dict[str, int]:
-    """Token -> id; special tokens take the first ids (pad is 0)."""
-    pieces = (*SPECIAL_TOKENS, *DIGITS, *SYMBOLS, *WORDS)
+def vocabulary(specials: tuple[str, ...] = (), words: tuple[str, ...] = ()) -> dict[str, int]:
+    """Token -> id; special tokens take the first ids (pad is 0), then `specials`, the digits, symbols, the
+    embedded words and `words` (a vocabulary grown for another task keeps every embedded id)."""
+    pieces = (*SPECIAL_TOKENS, *specials, *DIGITS, *SYMBOLS, *WORDS, *words)
     if len(set(pieces)) != len(pieces):
         raise ValueError("the embedded vocabulary lists a token twice; each piece must appear once")
     return {piece: token_id for token_id, piece in enumerate(pieces)}
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """The embedded tokenizer: left padding (for batched generation), chat template, pad/bos/eos/unk set."""
-    backend = Tokenizer(models.WordLevel(vocab=vocabulary(), unk_token=UNK))
+def build_tokenizer(specials: tuple[str, ...] = (), words: tuple[str, ...] = (),
+                    chat_template: str = CHAT_TEMPLATE) -> PreTrainedTokenizerFast:
+    """The embedded tokenizer: left padding (for batched generation), chat template, pad/bos/eos/unk set; with
+    `specials`, `words` and `chat_template`, the same grown for another task (`rl.tasks.embedded_vl`)."""
+    backend = Tokenizer(models.WordLevel(vocab=vocabulary(specials, words), unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(PIECE_PATTERN), behavior="isolated")
     backend.decoder = decoders.Fuse()
-    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    backend.add_special_tokens([*SPECIAL_TOKENS, *specials])
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD,
         bos_token=BOS,
         eos_token=EOS,
         unk_token=UNK,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template,
         clean_up_tokenization_spaces=False,
         padding_side="left",
         model_max_length=MODEL_MAX_LENGTH,
