@@ -267,7 +267,8 @@ class Trainer:
                    tokens_per_s=tokens / elapsed, generate_time_s=generated_at - started,
                    logprobs_time_s=forwarded - scored, update_time_s=updated - forwarded,
                    sync_time_s=finished - updated,
-                   response_length_mean=float(experience.response_lengths.float().mean()))
+                   response_length_mean=float(experience.response_lengths.float().mean()),
+                   response_length_max=float(experience.response_lengths.max()))
         return row
 
     def update(self, step: int, experience: Experience) -> dict[str, float]:
