@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import os
 
 import torch
@@ -112,7 +113,23 @@ def _model_path_problems(key: str, path: str) -> list[str]:
                 "weights, tokenizer) or at a hub name such as Qwen/Qwen2.5-0.5B-Instruct"]
     if not os.path.isfile(os.path.join(local, "config.json")):
         return [f"{key}: {path} holds no config.json; point it at a Hugging Face model directory"]
-    return []
+    return _vision_language_problems(key, path, os.path.join(local, "config.json"))
+
+
+def _vision_language_problems(key: str, path: str, config_file: str) -> list[str]:
+    """A vision-language model: its weights load and train in the backends (images in the batch layout), but the
+    trainer's prompts, engines and rollouts carry no images yet, so a run would train its language half on text
+    while users expect images in the prompts."""
+    try:
+        with open(config_file, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, ValueError):
+        return []  # the loader reports an unreadable config when it reads it
+    if not isinstance(config, dict) or "vision_config" not in config:
+        return []
+    kind = ", ".join(config.get("architectures") or [config.get("model_type", "?")])
+    return [f"{key}: {path} is a vision-language model ({kind}); rl.launch.train takes text prompts only, with no "
+            "images reaching the engines or the rollouts yet: point it at a text model"]
 
 
 def _model_problems(cfg) -> list[str]:

@@ -51,8 +51,15 @@ def load_prompt_dataset(
     return PromptDataset(records, files=tuple(str(path) for path in resolved))
 
 
+IMAGE_COLUMNS = ("images", "image")  # veRL's and SkyRL's columns of a prompt's images
+
+
 def _to_record(row: RawRow, position: int, path: Path, prompt_key: str, answer_key: str,
                env_class_check: EnvClassCheck | None, template: PromptTemplate | None) -> PromptRecord:
+    for column in IMAGE_COLUMNS:
+        if row.values.get(column) not in (None, [], ()):
+            raise DataError(f"{row.where}: column {column!r} holds images, but prompts are text only here (no image "
+                            "reaches the engines or the rollouts): drop the column, or the rows that have images")
     prompt, answer, answer_from = prompt_and_answer(row, prompt_key, answer_key)
     parsed = parse_prompt(prompt, row.where)
     return PromptRecord(

@@ -36,7 +36,8 @@ class BadFile:
 # Placeholders: {tmp} a fresh directory, {data} a good 6-row prompt file, {model} a model directory whose config has
 # 14 attention heads, 2 key/value heads and 6 layers, {file} a regular file, {notckpt} a directory that is no
 # checkpoint, {tokmodel} a model directory with the embedded tokenizer and 64 positions (no weights: the checks read
-# the config and the tokenizer). Each prompt of {data}, "What is 0 + 1?", is 10 of its tokens.
+# the config and the tokenizer), {vlmodel} a vision-language model's config. Each prompt of {data}, "What is 0 + 1?",
+# is 10 of its tokens.
 ON_DATA = ["trainer.policy.model.path={tokmodel}", "data.train_data=['{data}']", "trainer.train_batch_size=4",
            "trainer.policy_mini_batch_size=4"]
 MEGATRON_ON_4 = ["trainer.strategy=megatron", "trainer.policy.model.path={model}",
@@ -46,6 +47,9 @@ MACHINE = {
                              ("is not a directory",)),
     "model_without_config": Bad(["trainer.policy.model.path={tmp}"], "trainer.policy.model.path",
                                 ("no config.json",)),
+    "vision_language_model": Bad(["trainer.policy.model.path={vlmodel}"], "trainer.policy.model.path",
+                                 ("is a vision-language model (Qwen2VLForConditionalGeneration)",
+                                  "takes text prompts only")),
     "cuda_kernels_without_cuda": Bad(["trainer.kernels=cuda"], "trainer.kernels", ("needs a CUDA device",)),
     "engine_argument_unknown_to_vllm": Bad(
         ["generator.backend=vllm", "generator.engine_init_kwargs.enforce_eagr=false"],
@@ -166,6 +170,9 @@ DATA = {
     "parquet_nan_answer": BadData("a.parquet", {"prompt": ["q"], "answer": [math.nan]}, ("row 0", "finite")),
     "parquet_numeric_prompt": BadData("a.parquet", {"prompt": [1, 2], "answer": ["1", "2"]},
                                       ("row 0", "text or a non-empty list")),
+    "parquet_images_for_a_text_run": BadData(
+        "a.parquet", {"prompt": ["q", "r"], "answer": ["1", "2"], "images": [[], [{"bytes": b"\x89PNG"}]]},
+        ("row 1", "column 'images' holds images")),
     "parquet_chat_empty_content": BadData(
         "a.parquet", {"prompt": [[{"role": "user", "content": "hi"}], [{"role": "user", "content": ""}]],
                       "answer": ["1", "2"]}, ("row 1", "has empty content")),
@@ -204,8 +211,13 @@ def places(tmp_path, tokenizer_model) -> dict[str, str]:
         "intermediate_size": 64, "num_hidden_layers": 6, "num_attention_heads": 14, "num_key_value_heads": 2,
         "max_position_embeddings": 64}))
     (tmp_path / "notckpt").mkdir()
+    vlmodel = tmp_path / "vlmodel"
+    vlmodel.mkdir()
+    (vlmodel / "config.json").write_text(json.dumps({
+        "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"],
+        "text_config": {"hidden_size": 64}, "vision_config": {"depth": 2}}))
     return {"tmp": str(tmp_path / "scratch"), "data": str(data), "model": str(model), "file": str(data),
-            "notckpt": str(tmp_path / "notckpt"), "tokmodel": tokenizer_model}
+            "notckpt": str(tmp_path / "notckpt"), "tokmodel": tokenizer_model, "vlmodel": str(vlmodel)}
 
 
 @pytest.fixture(autouse=True)
