@@ -9,6 +9,8 @@ import shutil
 import torch
 from torch import Tensor, nn
 
+from rl.core.generation.model_class import generative_class, is_vision_language
+
 
 def attention_implementation(device: torch.device, sequence_parallel: bool = False, flash_attn: bool | None = None,
                              bf16: bool | None = None) -> str:
@@ -45,20 +47,6 @@ def attention_implementation(device: torch.device, sequence_parallel: bool = Fal
 
 
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "chat_template.jinja", "chat_template.json")
-
-
-def is_vision_language(config) -> bool:
-    """Whether an HF config is a vision-language model's (Qwen2-VL's kind: a vision tower beside the language
-    model)."""
-    return getattr(config, "vision_config", None) is not None
-
-
-def generative_class(config):
-    """The auto class that builds a generating model of `config`: image-text-to-text for a vision-language model,
-    causal LM otherwise."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
 
 
 def load_causal_lm(path: str, device: torch.device, sequence_parallel: bool = False, flash_attn: bool | None = None,

@@ -1,7 +1,7 @@
 """What a vision-language model (Qwen2-VL's family) takes beside a batch's tokens: its sequences' images and the
 multimodal rotary positions.
 
-A sequence's image placeholder tokens are in its `input_ids`; its `SequenceImages` (pixel values, patch grids) are
+A sequence's image placeholder tokens are in its `input_ids`; its `ImageInputs` (pixel values, patch grids) are
 concatenated in batch order, which is the order the model matches placeholders to images in. M-RoPE gives every
 token a (time, height, width) position: text tokens count on as one, an image's tokens take its grid coordinates.
 The model's own `get_rope_index` computes them per sequence, so each sequence starts at 0 as it would alone.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from rl.backends.hf_model import is_vision_language
+from rl.core.generation.model_class import is_vision_language
 from rl.core.packing import PackedBatch
 
 

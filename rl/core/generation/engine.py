@@ -7,12 +7,13 @@ Every trainer talks to an engine only through `GenerationEngine`, and picks the 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
+from rl.core.images import ImageInputs
 from rl.core.registry import Registry
 
 FinishReason = Literal["stop", "length"]
@@ -111,8 +112,11 @@ class GenerationEngine(abc.ABC):
     """Produces rollouts from token-id prompts and takes fresh weights after every training step."""
 
     @abc.abstractmethod
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
-        """`params.n` rollouts per prompt, ordered prompt-major: all samples of prompt 0, then of prompt 1, ..."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 images: Sequence[ImageInputs | None] | None = None) -> list[Rollout]:
+        """`params.n` rollouts per prompt, ordered prompt-major: all samples of prompt 0, then of prompt 1, ...
+        `images[i]`: prompt i's images for a vision-language model (its placeholder tokens are in the prompt), given
+        once per prompt whatever `n`; None for a prompt without images."""
 
     @abc.abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -8,12 +8,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PreTrainedModel
 
 from rl.core.generation.engine import GENERATION_ENGINES, GenerationEngine, Rollout, SamplingParams
+from rl.core.generation.model_class import generative_class, is_vision_language
 from rl.core.generation.sampling import recording_processors
 from rl.core.generation.sequences import cut_at_stop, cut_at_stop_string, left_pad
 from rl.core.generation.weights import copy_named_tensors
+from rl.core.images import ImageInputs
 
 
 @contextlib.contextmanager
@@ -48,7 +50,7 @@ def generation_mode(model: PreTrainedModel) -> Iterator[None]:
 
 def _load(model: Any, tokenizer: Any, dtype: torch.dtype | None) -> tuple[PreTrainedModel, Any]:
     if isinstance(model, str | os.PathLike):
-        model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or "auto")
+        model = generative_class(AutoConfig.from_pretrained(model)).from_pretrained(model, dtype=dtype or "auto")
     if isinstance(tokenizer, str | os.PathLike):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer)
     if not isinstance(model, PreTrainedModel):
@@ -62,13 +64,16 @@ class HFGenerationEngine(GenerationEngine):
 
     Prompts are repeated `n` times (prompt-major), left-padded with explicit attention mask and position ids, and
     decoded until a stop token (the tokenizer's EOS plus `SamplingParams.stop_token_ids`), a stop string (`stop`) or
-    `max_new_tokens`.
+    `max_new_tokens`. A vision-language model (Qwen2-VL's family) takes each prompt's images with it: its pixel
+    values are repeated for the prompt's samples inside the engine, and the model places its multimodal rotary
+    positions from the image placeholders itself.
     Seeding: with `SamplingParams.seed` set, the call runs under a private copy of the global random state seeded
     with it, so rollouts depend only on the seed, the other sampling params, the weights, the prompts and
     `max_batch_size` (which sets how random draws are batched).
 
     Args:
-        model: a `PreTrainedModel` (used in place, not copied) or a path for `AutoModelForCausalLM.from_pretrained`.
+        model: a `PreTrainedModel` (used in place, not copied) or a path to load one from (a causal LM, or an
+            image-text-to-text model).
         tokenizer: a tokenizer (for EOS/pad ids and decoding) or a path for `AutoTokenizer.from_pretrained`.
         max_batch_size: most sequences (prompts x samples) per `generate` call; bounds memory.
         device: where to run; defaults to where the model's parameters already are.
@@ -94,12 +99,15 @@ class HFGenerationEngine(GenerationEngine):
         pad = self.tokenizer.pad_token_id
         self.pad_token_id: int = pad if pad is not None else (self.eos_token_id or 0)
         self.vocab_size: int = self.model.get_input_embeddings().num_embeddings
+        self.takes_images = is_vision_language(self.model.config)
         self.offloaded = False
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 images: Sequence[ImageInputs | None] | None = None) -> list[Rollout]:
         if self.offloaded:
             raise RuntimeError("the generation engine is offloaded; call reload() before generate()")
         self._check_prompts(prompts)
+        self._check_images(prompts, images)
         jobs = [(p, s) for p in range(len(prompts)) for s in range(params.n)]
         stop_ids = self._stop_ids(params)
         config = self._generation_config(params, stop_ids)
@@ -107,7 +115,7 @@ class HFGenerationEngine(GenerationEngine):
         with seeded(params.seed, self.device), generation_mode(self.model):
             for start in range(0, len(jobs), self.max_batch_size):
                 chunk = jobs[start : start + self.max_batch_size]
-                rollouts.extend(self._generate_chunk(prompts, chunk, params, config, stop_ids))
+                rollouts.extend(self._generate_chunk(prompts, chunk, params, config, stop_ids, images))
         return rollouts
 
     def _generate_chunk(
@@ -117,14 +125,13 @@ class HFGenerationEngine(GenerationEngine):
         params: SamplingParams,
         config: GenerationConfig,
         stop_ids: frozenset[int],
+        images: Sequence[ImageInputs | None] | None,
     ) -> list[Rollout]:
-        batch = [prompts[p] for p, _ in chunk]
-        input_ids, attention_mask, position_ids = left_pad(batch, self.pad_token_id, self.device)
+        inputs = self._model_inputs([prompts[p] for p, _ in chunk], [images[p] for p, _ in chunk] if images else [])
+        input_ids = inputs["input_ids"]
         processors, raw, processed = recording_processors(params)
         sequences = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
+            **inputs,
             generation_config=config,
             logits_processor=processors,
             tokenizer=self.tokenizer if params.stop else None,  # for generate's early stop at stop strings
@@ -148,6 +155,29 @@ class HFGenerationEngine(GenerationEngine):
             )
             for i, (p, s) in enumerate(chunk)
         ]
+
+    def _model_inputs(self, rows: list[list[int]], images: list[ImageInputs | None]) -> dict[str, torch.Tensor]:
+        """The left-padded rows; for a vision-language model the placeholders' types in place of position ids
+        (it derives its multimodal positions from them) and the rows' images in row order."""
+        input_ids, attention_mask, position_ids = left_pad(rows, self.pad_token_id, self.device)
+        if not self.takes_images:
+            return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask,
+                  "mm_token_type_ids": (input_ids == self.model.config.image_token_id).long()}
+        given = [entry for entry in images if entry is not None]
+        if given:
+            dtype = next(self.model.parameters()).dtype
+            inputs["pixel_values"] = torch.cat([entry.pixel_values for entry in given]).to(self.device, dtype)
+            inputs["image_grid_thw"] = torch.cat([entry.grid_thw for entry in given]).to(self.device)
+        return inputs
+
+    def _check_images(self, prompts: list[list[int]], images: Sequence[ImageInputs | None] | None) -> None:
+        if images is None or not any(entry is not None for entry in images):
+            return
+        if not self.takes_images:
+            raise ValueError(f"images were given, but {type(self.model).__name__} is a text-only model")
+        if len(images) != len(prompts):
+            raise ValueError(f"images has {len(images)} entries for {len(prompts)} prompts; give one (or None) each")
 
     def _cut(self, row: list[int], stop_ids: frozenset[int], stops: tuple[str, ...]) -> tuple[int, str]:
         """How many tokens of `row` form the response and why it ended: at the first stop token, or earlier at the

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
 from rl.core.generation.engine import GENERATION_ENGINES, GenerationEngine, Rollout, SamplingParams
 from rl.core.generation.weights import check_named_shapes, checkpoint_shapes
+from rl.core.images import ImageInputs
 
 WORKER_EXTENSION = "rl.core.generation.vllm_worker.WeightLoader"
 
@@ -108,11 +109,14 @@ class VLLMGenerationEngine(GenerationEngine):
         self.offloaded = False
         self.shm_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 images: Sequence[ImageInputs | None] | None = None) -> list[Rollout]:
         from vllm.inputs import TokensPrompt
 
         if self.offloaded:
             raise RuntimeError("the generation engine is offloaded; call reload() before generate()")
+        if images is not None and any(entry is not None for entry in images):
+            raise NotImplementedError("the vllm engine takes no images yet; generate with the hf engine")
         for index, prompt in enumerate(prompts):
             if not prompt:
                 raise ValueError(f"prompts[{index}] is empty; every prompt needs at least one token")

@@ -33,30 +33,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rl.core.images import ImageInputs
+
 TOKEN_FIELDS = ("advantages", "old_logprobs", "ref_logprobs", "rollout_logprobs", "old_values", "returns")
 """Optional per-token float fields, aligned with the target token."""
-
-
-@dataclass(frozen=True)
-class SequenceImages:
-    """The images of one sequence as its model's processor prepared them: `pixel_values` [P, D] (the patches of
-    all its images, in order) and `grid_thw` [n, 3] long (each image's patch grid: frames, height, width)."""
-
-    pixel_values: Tensor
-    grid_thw: Tensor
-
-    def __post_init__(self) -> None:
-        if self.pixel_values.dim() != 2 or self.grid_thw.dim() != 2 or self.grid_thw.shape[1] != 3:
-            raise ValueError(f"SequenceImages needs pixel_values [P, D] and grid_thw [n, 3], got "
-                             f"{tuple(self.pixel_values.shape)} and {tuple(self.grid_thw.shape)}")
-        patches = int(self.grid_thw.prod(-1).sum())
-        if patches != self.pixel_values.shape[0]:
-            raise ValueError(f"grid_thw {self.grid_thw.tolist()} holds {patches} patches, pixel_values has "
-                             f"{self.pixel_values.shape[0]} rows")
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> SequenceImages:
-        return SequenceImages(self.pixel_values.to(device, non_blocking=non_blocking),
-                              self.grid_thw.to(device, non_blocking=non_blocking))
 
 
 @dataclass(frozen=True)
@@ -81,7 +61,7 @@ class PackedBatch:
     old_values: Tensor | None = None  # the critic's values before its update (value clipping)
     returns: Tensor | None = None  # the critic's targets (GAE's advantages + values)
     padded: bool = False
-    images: tuple[SequenceImages | None, ...] | None = None  # per sequence (see the module docstring)
+    images: tuple[ImageInputs | None, ...] | None = None  # per sequence (see the module docstring)
 
     def __post_init__(self) -> None:
         n, s = self.input_ids.numel(), self.seq_index.numel()

@@ -2,7 +2,7 @@
 
 Each input sequence is a mapping with ``input_ids`` and ``loss_mask`` (required) and optionally any of
 `TOKEN_FIELDS`, all of the sequence's length and aligned with the target token (see batch.py): ``loss_mask[0]``
-must be 0. A sequence may also carry ``images`` (a `SequenceImages`, or None for one without images). Every
+must be 0. A sequence may also carry ``images`` (an `ImageInputs`, or None for one without images). Every
 sequence must carry the same keys; unknown keys are rejected rather than dropped.
 
 No sequences give an empty batch (N = S = 0, every TOKEN_FIELDS entry an empty float tensor), which is what a rank

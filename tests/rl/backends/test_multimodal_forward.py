@@ -12,8 +12,8 @@ from transformers import AutoModelForImageTextToText
 
 from rl.backends.hf_forward import batch_logprobs
 from rl.backends.hf_model import load_causal_lm
+from rl.core.images import ImageInputs
 from rl.core.packing import pack_sequences, pad_sequences
-from rl.core.packing.batch import SequenceImages
 from rl.tasks.embedded_vl.model import build_model, build_processor, save_vl_model, tiny_vl_config
 from tests.testing import tolerances
 
@@ -55,7 +55,7 @@ def encoded(processor, case) -> dict:
 
 
 def sequence(item: dict) -> dict:
-    images = (SequenceImages(item["pixel_values"], item["image_grid_thw"]) if "pixel_values" in item else None)
+    images = (ImageInputs(item["pixel_values"], item["image_grid_thw"]) if "pixel_values" in item else None)
     return {"input_ids": item["input_ids"][0], "loss_mask": item["loss_mask"], "images": images}
 
 
@@ -172,3 +172,37 @@ def test_one_step_matches_plain_torch(checkpoint, process_group, strategy):
         tolerances.assert_within(after[key], value, bound, msg=f"{strategy} {key}")
     visual = [key for key in grads if key.startswith("model.visual.")]
     assert visual and all(float(grads[key].abs().max()) > 0 for key in visual), "the vision tower trains"
+
+
+def test_hf_engine_samples_with_images_and_the_trainer_scores_them_alike(checkpoint):
+    """The hf engine's sampled tokens and their logprobs, each prompt's images given once for its two samples,
+    against the trainer's packed logprobs of the same (image, prompt + response) sequences."""
+    from rl.backends.hf_forward import scored_logits
+    from rl.core.generation import SamplingParams, build_engine
+
+    path, processor = checkpoint
+    engine = build_engine("hf", str(path), str(path), max_batch_size=5)  # rows of one prompt split across chunks
+    prompts, images = [], []
+    for item in (encoded(processor, (shapes, question, "")) for shapes, question, _ in CASES):
+        prompt_length = int((~item["loss_mask"]).sum())
+        prompts.append(item["input_ids"][0, :prompt_length].tolist())
+        images.append(sequence(item)["images"])
+    rollouts = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=6, seed=3), images)
+    assert [(r.prompt_index, r.sample_index) for r in rollouts] == [(p, s) for p in range(len(CASES)) for s in (0, 1)]
+    batch = pack_sequences([{"input_ids": torch.tensor(r.prompt_ids + r.response_ids),
+                             "loss_mask": torch.arange(len(r.prompt_ids) + len(r.response_ids)) >= len(r.prompt_ids),
+                             "images": images[r.prompt_index]} for r in rollouts],
+                           pad_token_id=processor.tokenizer.pad_token_id)
+    trained = load_causal_lm(str(path), torch.device("cpu")).eval()
+    with torch.no_grad():
+        got, _ = batch_logprobs(trained, batch, temperature=1.0, with_entropy=False)
+        logits = scored_logits(trained, batch).logits
+    config = trained.config
+    patches = max(int(entry.grid_thw.prod(-1).max()) for entry in images if entry is not None)
+    rtol = tolerances.network_rtol(
+        tolerances.decoder_reductions(config.text_config, int(batch.seq_lengths.max()))
+        + tolerances.vision_tower_reductions(config.vision_config, patches), torch.float32)
+    want = torch.tensor([lp for r in rollouts for lp in r.rollout_logprobs])
+    tolerances.assert_within(got[batch.loss_mask], want, rtol * float(logits.abs().max()),
+                             "the engine's logprobs against the trainer's")
+    assert sum(len(r.response_ids) for r in rollouts) >= len(rollouts)
