@@ -48,9 +48,22 @@ def _data_problems(cfg, loaded: dict) -> list[str]:
             found.append(f"{key}: {error}")
             continue
         loaded[key] = dataset
+        found.extend(_image_problems(key, dataset))
         if key == "data.train_data":
             found.extend(_training_rows_problems(cfg, dataset))
     return found
+
+
+def _image_problems(key: str, dataset) -> list[str]:
+    """Rows with images: read and checked (`rl.core.data.images`), but no image reaches the engines or the
+    rollouts yet."""
+    first = next((record for record in dataset if record.images), None)
+    if first is None:
+        return []
+    rows = sum(1 for record in dataset if record.images)
+    return [f"{key}: {first.where} has {len(first.images)} image(s) ({rows} row(s) with images); rl.launch.train "
+            "takes text prompts only so far (no image reaches the engines or the rollouts): drop the image column, "
+            "or the rows that have images"]
 
 
 def _training_rows_problems(cfg, dataset) -> list[str]:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rl.core.data.errors import DataError
+from rl.core.data.images import IMAGE_COLUMNS, IMAGE_PLACEHOLDER, placeholder_count, row_images
 from rl.core.data.layouts import prompt_and_answer
 from rl.core.data.readers import RawRow, read_rows
 from rl.core.data.records import PromptDataset, PromptRecord, parse_prompt
@@ -51,26 +52,25 @@ def load_prompt_dataset(
     return PromptDataset(records, files=tuple(str(path) for path in resolved))
 
 
-IMAGE_COLUMNS = ("images", "image")  # veRL's and SkyRL's columns of a prompt's images
-
-
 def _to_record(row: RawRow, position: int, path: Path, prompt_key: str, answer_key: str,
                env_class_check: EnvClassCheck | None, template: PromptTemplate | None) -> PromptRecord:
-    for column in IMAGE_COLUMNS:
-        if row.values.get(column) not in (None, [], ()):
-            raise DataError(f"{row.where}: column {column!r} holds images, but prompts are text only here (no image "
-                            "reaches the engines or the rollouts): drop the column, or the rows that have images")
     prompt, answer, answer_from = prompt_and_answer(row, prompt_key, answer_key)
     parsed = parse_prompt(prompt, row.where)
+    images = row_images(row.values, row.where, path.parent)
+    marks = placeholder_count([parsed] if isinstance(parsed, str) else [m.content for m in parsed])
+    if marks != len(images):
+        raise DataError(f"{row.where}: the prompt marks {marks} image(s) ({IMAGE_PLACEHOLDER!r} in its text or "
+                        f"image content parts) but the row has {len(images)}; give one mark per image")
     return PromptRecord(
         prompt=template.apply(parsed, row.where) if template is not None else parsed,
         answer=_answer_text(answer, row.where, answer_from),
         data_source=_data_source(row, path),
         index=_index(row, position),
         fields={k: v for k, v in row.values.items()
-                if k not in (prompt_key, answer_key, "data_source", "index", "env_class")},
+                if k not in (prompt_key, answer_key, "data_source", "index", "env_class", *IMAGE_COLUMNS)},
         where=row.where,
         env_class=_env_class(row, env_class_check),
+        images=images,
     )
 
 

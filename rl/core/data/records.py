@@ -37,6 +37,8 @@ class PromptRecord:
     `fields` holds the row's other columns (a user's reward function can ask for them by name); `where` locates the
     row for messages ("train.parquet row 7"). `env_class` is the environment the row's own `env_class` column
     names (None without one): it plays the row's episodes in place of environment.env_class, as in SkyRL.
+    `images` are the row's encoded images, one per `<image>` in the prompt's text, in order
+    (`rl.core.data.images`).
     """
 
     prompt: Prompt
@@ -46,6 +48,7 @@ class PromptRecord:
     fields: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
     where: str = field(default="", compare=False, hash=False)
     env_class: str | None = None
+    images: tuple[bytes, ...] = field(default=(), compare=False, hash=False, repr=False)
 
     @property
     def is_chat(self) -> bool:
@@ -75,6 +78,10 @@ def parse_prompt(value: object, where: str) -> Prompt:
 def _parse_message(message: object, where: str, turn: int) -> ChatMessage:
     if isinstance(message, Mapping):
         role, content = message.get("role"), message.get("content")
+        if isinstance(content, list | tuple) and content:
+            from rl.core.data.images import content_text
+
+            content = content_text(list(content), where, turn)
         if isinstance(role, str) and isinstance(content, str):
             if role not in CHAT_ROLES:
                 raise DataError(unknown_role_message(where, f"chat message {turn}", role))

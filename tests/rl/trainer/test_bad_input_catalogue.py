@@ -113,6 +113,19 @@ def _lines(*rows) -> list[str]:
 
 
 OK = GOOD_ROWS[0]
+
+
+def _png(width: int, height: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("L", (width, height), 255).save(out, format="PNG")
+    return out.getvalue()
+
+
+PNG, HUGE_PNG = _png(28, 28), _png(4097, 4096)
 DATA = {
     "jsonl_bad_json": BadData("a.jsonl", _lines(OK, '{"prompt": '), ("line 2", "not valid JSON")),
     "jsonl_array_line": BadData("a.jsonl", _lines(OK, "[1, 2]"), ("line 2", "expected a JSON object")),
@@ -171,8 +184,22 @@ DATA = {
     "parquet_numeric_prompt": BadData("a.parquet", {"prompt": [1, 2], "answer": ["1", "2"]},
                                       ("row 0", "text or a non-empty list")),
     "parquet_images_for_a_text_run": BadData(
-        "a.parquet", {"prompt": ["q", "r"], "answer": ["1", "2"], "images": [[], [{"bytes": b"\x89PNG"}]]},
-        ("row 1", "column 'images' holds images")),
+        "a.parquet", {"prompt": ["q", "<image> r"], "answer": ["1", "2"], "images": [[], [{"bytes": PNG}]]},
+        ("row 1", "has 1 image(s)", "takes text prompts only")),
+    "parquet_image_unreadable": BadData(
+        "a.parquet", {"prompt": ["q", "<image> r"], "answer": ["1", "2"], "images": [[], [{"bytes": b"\x89PNG"}]]},
+        ("row 1: images[0]", "not a readable image")),
+    "parquet_image_too_large": BadData(
+        "a.parquet", {"prompt": ["<image> q"], "answer": ["1"], "images": [[{"bytes": HUGE_PNG}]]},
+        ("row 0: images[0]", "4097 x 4096 pixels", "scale it down")),
+    "jsonl_image_path_missing": BadData("a.jsonl", _lines({"prompt": "<image> q", "answer": "1",
+                                                           "images": ["no-such.png"]}),
+                                        ("line 1: images[0]", "cannot read the image file")),
+    "parquet_image_marks_do_not_match": BadData(
+        "a.parquet", {"prompt": [[{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                                               {"type": "text", "text": "q"}]}]],
+                      "answer": ["1"], "images": [[{"bytes": PNG}]]},
+        ("row 0", "marks 2 image(s)", "the row has 1")),
     "parquet_chat_empty_content": BadData(
         "a.parquet", {"prompt": [[{"role": "user", "content": "hi"}], [{"role": "user", "content": ""}]],
                       "answer": ["1", "2"]}, ("row 1", "has empty content")),
