@@ -9,7 +9,7 @@ import shutil
 import torch
 from torch import Tensor, nn
 
-from rl.core.generation.model_class import generative_class, is_vision_language
+from rl.core.model_class import generative_class, is_vision_language
 
 
 def attention_implementation(device: torch.device, sequence_parallel: bool = False, flash_attn: bool | None = None,

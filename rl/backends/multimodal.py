@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from rl.core.generation.model_class import is_vision_language
+from rl.core.model_class import is_vision_language
 from rl.core.packing import PackedBatch
 
 

@@ -11,11 +11,11 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PreTrainedModel
 
 from rl.core.generation.engine import GENERATION_ENGINES, GenerationEngine, Rollout, SamplingParams
-from rl.core.generation.model_class import generative_class, is_vision_language
 from rl.core.generation.sampling import recording_processors
 from rl.core.generation.sequences import cut_at_stop, cut_at_stop_string, left_pad
 from rl.core.generation.weights import copy_named_tensors
 from rl.core.images import ImageInputs
+from rl.core.model_class import generative_class, is_vision_language
 
 
 @contextlib.contextmanager
