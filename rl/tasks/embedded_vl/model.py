@@ -13,14 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import (
-    AutoTokenizer,
-    PreTrainedTokenizerBase,
-    Qwen2VLConfig,
-    Qwen2VLForConditionalGeneration,
-    Qwen2VLProcessor,
-)
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
+from rl.core.processors import image_text_processor
 from rl.tasks.embedded.tokenizer import build_tokenizer as build_embedded_tokenizer
 
 VISION_START, IMAGE_PAD, VISION_END, VIDEO_PAD = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"
@@ -55,28 +50,6 @@ def build_processor(tokenizer: PreTrainedTokenizerBase | None = None):
                                       merge_size=MERGE, temporal_patch_size=FRAMES)
     tokenizer = tokenizer or build_tokenizer()
     return image_text_processor(images, tokenizer, tokenizer.chat_template)
-
-
-class ImagesOnlyProcessor(Qwen2VLProcessor):
-    """`Qwen2VLProcessor` without a video processor: transformers checks that argument's class even when it is
-    None, and the check fails where torchvision (which video processors need) is not installed."""
-
-    def check_argument_for_proper_class(self, argument_name, argument):
-        if argument is None and argument_name == "video_processor":
-            return None
-        return super().check_argument_for_proper_class(argument_name, argument)
-
-
-def image_text_processor(image_processor, tokenizer: PreTrainedTokenizerBase, chat_template: str | None):
-    return ImagesOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template)
-
-
-def load_processor(path: str | Path):
-    """The processor of a checkpoint written by `save_vl_model` (or any Qwen2-VL checkpoint's files)."""
-    from transformers import AutoImageProcessor
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return image_text_processor(AutoImageProcessor.from_pretrained(path), tokenizer, tokenizer.chat_template)
 
 
 def tiny_vl_config(tokenizer: PreTrainedTokenizerBase) -> Qwen2VLConfig:
