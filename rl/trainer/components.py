@@ -41,6 +41,19 @@ def load_datasets(cfg, train_paths: list[str], val_paths: list[str]):
     return train, val
 
 
+def image_processor(model_path: str):
+    """A vision-language model's processor (its prompts' images are prepared with it), None for a text model."""
+    from transformers import AutoConfig
+
+    from rl.core.model_class import is_vision_language
+
+    if not is_vision_language(AutoConfig.from_pretrained(model_path)):
+        return None
+    from rl.core.processors import load_processor
+
+    return load_processor(model_path)
+
+
 def make_engine(cfg, model_path: str, tokenizer, placement: Placement):
     """Colocated `hf`: the engine in the driver process, on the first GPU when there is one (the trainer offloads
     it to host memory while the workers use the device), else on the CPU. Otherwise engine actors

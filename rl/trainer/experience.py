@@ -69,6 +69,9 @@ def build_experience(rollouts: Sequence, rewards: Tensor, estimator: str | None 
             "input_ids": torch.tensor(list(rollout.prompt_ids) + list(rollout.response_ids), dtype=torch.long),
             "loss_mask": loss_mask, "rollout_logprobs": rollout_lp,
         })
+    if any(getattr(rollout, "images", None) is not None for rollout in rollouts):  # a vision-language model's
+        for sequence, rollout in zip(sequences, rollouts, strict=True):
+            sequence["images"] = rollout.images
     experience = Experience(sequences=sequences, rewards=rewards,
                             response_lengths=torch.tensor([len(r.response_ids) for r in rollouts]),
                             prompt_lengths=torch.tensor([len(r.prompt_ids) for r in rollouts]),

@@ -56,7 +56,8 @@ class Trainer:
         if cfg.data.val_split_size:
             print(f"data: {len(self.train_set)} training prompts, {len(self.val_set)} validation prompts from "
                   f"{', '.join(self.val_set.files)}", flush=True)
-        self.prompts = PromptEncoder(self.tokenizer, cfg.generator.max_prompt_length, cfg.data.truncation)
+        self.prompts = PromptEncoder(self.tokenizer, cfg.generator.max_prompt_length, cfg.data.truncation,
+                                     processor=components.image_processor(self.model_path))
         self.episodes = Episodes.from_config(cfg, self.tokenizer, self.model_path)
         self.settings = LossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
         self.value_settings = (ValueLossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
@@ -185,7 +186,7 @@ class Trainer:
     def roll_out(self, records, prompts: list[list[int]], params) -> list:
         """Single-turn rollouts, or with `environment.env_class` one multi-turn episode per sample."""
         if self.episodes is None:
-            return self.generate(prompts, params)
+            return self.generate(prompts, params, self.prompts.images_of(records))
         return self.episodes.run(self.generate, records, prompts, params)
 
     def reward_of(self, records, rollouts) -> tuple[torch.Tensor, dict[str, float]]:
@@ -289,14 +290,16 @@ class Trainer:
             finite.check_update(step, row, trainer.non_finite)
         return row
 
-    def generate(self, prompts: list[list[int]], params) -> list:
-        """Rollouts. An engine sharing the workers' devices is brought back for the call and offloaded afterwards,
-        so that on a GPU the workers have the memory while they run (on CPU both are bookkeeping only)."""
+    def generate(self, prompts: list[list[int]], params, images: list | None = None) -> list:
+        """Rollouts (`images`: each prompt's, for a vision-language model). An engine sharing the workers' devices
+        is brought back for the call and offloaded afterwards, so that on a GPU the workers have the memory while
+        they run (on CPU both are bookkeeping only)."""
+        with_images = {"images": images} if images else {}
         if self.placement.plan.engines:
-            return self.engine.generate(prompts, params)
+            return self.engine.generate(prompts, params, **with_images)
         self.engine.reload()
         try:
-            return self.engine.generate(prompts, params)
+            return self.engine.generate(prompts, params, **with_images)
         finally:
             self.engine.offload()
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import os
 
 import torch
@@ -25,6 +24,7 @@ from rl.trainer.agents import agent_problems
 from rl.trainer.companion_models import companion_model_problems
 from rl.trainer.memory_plan import memory_problems
 from rl.trainer.sources import EMBEDDED, EMBEDDED_TEACHER
+from rl.trainer.vision_preflight import image_rows_problems, vision_language_problems
 
 
 def _data_problems(cfg, loaded: dict) -> list[str]:
@@ -48,22 +48,10 @@ def _data_problems(cfg, loaded: dict) -> list[str]:
             found.append(f"{key}: {error}")
             continue
         loaded[key] = dataset
-        found.extend(_image_problems(key, dataset))
+        found.extend(image_rows_problems(cfg, key, dataset))
         if key == "data.train_data":
             found.extend(_training_rows_problems(cfg, dataset))
     return found
-
-
-def _image_problems(key: str, dataset) -> list[str]:
-    """Rows with images: read and checked (`rl.core.data.images`), but no image reaches the engines or the
-    rollouts yet."""
-    first = next((record for record in dataset if record.images), None)
-    if first is None:
-        return []
-    rows = sum(1 for record in dataset if record.images)
-    return [f"{key}: {first.where} has {len(first.images)} image(s) ({rows} row(s) with images); rl.launch.train "
-            "takes text prompts only so far (no image reaches the engines or the rollouts): drop the image column, "
-            "or the rows that have images"]
 
 
 def _training_rows_problems(cfg, dataset) -> list[str]:
@@ -126,23 +114,7 @@ def _model_path_problems(key: str, path: str) -> list[str]:
                 "weights, tokenizer) or at a hub name such as Qwen/Qwen2.5-0.5B-Instruct"]
     if not os.path.isfile(os.path.join(local, "config.json")):
         return [f"{key}: {path} holds no config.json; point it at a Hugging Face model directory"]
-    return _vision_language_problems(key, path, os.path.join(local, "config.json"))
-
-
-def _vision_language_problems(key: str, path: str, config_file: str) -> list[str]:
-    """A vision-language model: its weights load and train in the backends (images in the batch layout), but the
-    trainer's prompts, engines and rollouts carry no images yet, so a run would train its language half on text
-    while users expect images in the prompts."""
-    try:
-        with open(config_file, encoding="utf-8") as handle:
-            config = json.load(handle)
-    except (OSError, ValueError):
-        return []  # the loader reports an unreadable config when it reads it
-    if not isinstance(config, dict) or "vision_config" not in config:
-        return []
-    kind = ", ".join(config.get("architectures") or [config.get("model_type", "?")])
-    return [f"{key}: {path} is a vision-language model ({kind}); rl.launch.train takes text prompts only, with no "
-            "images reaching the engines or the rollouts yet: point it at a text model"]
+    return []
 
 
 def _model_problems(cfg) -> list[str]:
@@ -389,6 +361,7 @@ def preflight(cfg, ray_address: str | None = None) -> None:
                 *_prompt_room_problems(cfg, loaded), *_prompt_length_problems(cfg, loaded), *agent_problems(cfg),
                 *_resume_problems(cfg), *_writable_problems(cfg), *_kernel_problems(cfg, ray_address),
                 *_weight_sync_problems(cfg, ray_address), *_engine_kwargs_problems(cfg),
-                *_placement_problems(cfg, ray_address), *companion_model_problems(cfg), *memory_problems(cfg)]
+                *_placement_problems(cfg, ray_address), *companion_model_problems(cfg), *memory_problems(cfg),
+                *vision_language_problems(cfg)]
     if problems:
         raise ConfigError(problems)

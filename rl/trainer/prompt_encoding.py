@@ -141,18 +141,31 @@ def refuse_at_start(cfg, tokenizer, datasets: Mapping[str, Iterable[PromptRecord
 
 class PromptEncoder:
     """Encodes records for the engine (`encode`), remembering which rows were cut (`truncated_count`) and warning
-    about each cut or largely unknown row once. `log` prints a warning line."""
+    about each cut or largely unknown row once. `log` prints a warning line. With a vision-language model's
+    `processor`, a record's images are prepared with its ids (`rl.trainer.image_prompts`) and kept for
+    `images_of`; such a prompt is never cut."""
 
-    def __init__(self, tokenizer, max_length: int, truncation: str, log: Callable[[str], None] | None = None):
+    def __init__(self, tokenizer, max_length: int, truncation: str, log: Callable[[str], None] | None = None,
+                 processor=None):
         self.tokenizer, self.max_length, self.truncation = tokenizer, max_length, truncation
+        self.processor = processor
         self.unk_id = getattr(tokenizer, "unk_token_id", None)
         self.log = log or (lambda line: print(line, flush=True))
         self.truncated: set[tuple] = set()
         self.warned: set[tuple] = set()
+        self.images: dict[tuple, object] = {}
 
     def encode(self, record: PromptRecord) -> list[int]:
-        ids = render_ids(self.tokenizer, record)
         key, where = (record.where, record.data_source, record.index), describe_row(record)
+        if self.processor is not None and record.images:
+            from rl.trainer.image_prompts import encode_with_images
+
+            ids, self.images[key] = encode_with_images(self.processor, record)
+            if len(ids) > self.max_length:
+                raise ConfigError([f"generator.max_prompt_length: {too_long_message(where, len(ids), self.max_length)}"
+                                   " (a prompt with images is never cut: its image tokens count)"])
+            return ids
+        ids = render_ids(self.tokenizer, record)
         if len(ids) > self.max_length:
             if self.truncation == "error":  # refused before training; here for a prompt no check saw
                 raise ConfigError([f"data.truncation: {too_long_message(where, len(ids), self.max_length)}"])
@@ -171,6 +184,12 @@ class PromptEncoder:
 
     def encode_all(self, records: Iterable[PromptRecord]) -> list[list[int]]:
         return [self.encode(record) for record in records]
+
+    def images_of(self, records: Iterable[PromptRecord]) -> list | None:
+        """The images each of `records` (encoded before) was prepared with, None for one without; None when no
+        record has any."""
+        found = [self.images.get((r.where, r.data_source, r.index)) if r.images else None for r in records]
+        return found if any(entry is not None for entry in found) else None
 
     def truncated_count(self, records: Iterable[PromptRecord]) -> int:
         """How many of `records` (encoded before) were cut."""

@@ -194,6 +194,8 @@ class MegatronStrategy(StrategyConfig):
                                                 block.context_parallel_size):
                 problems.add(key, problem)
             model = local_model_config(cfg.trainer.policy.model.path)
+            if getattr(model, "vision_config", None) is not None:
+                model = None  # a vision-language model: refused for megatron by preflight (vision_preflight)
             for key, problem in model_problems(model, *sizes, vp) if model is not None else ():
                 problems.add(key, f"{problem} ({cfg.trainer.policy.model.path}/config.json); pick a divisor")
         for key, problem in kwargs_problems(block.transformer_config_kwargs, set(dataclasses.asdict(block))):

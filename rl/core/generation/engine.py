@@ -95,6 +95,8 @@ class Rollout:
         token_versions: per response token, the policy version of the weights that sampled it, where a response
             was generated in segments between which new weights could land (`segments`); None otherwise (the call's
             version holds for every token).
+        images: the prompt's images (the `ImageInputs` given to `generate`, not a copy), for a vision-language
+            model's training sequences; None for a prompt without images.
     """
 
     prompt_index: int
@@ -106,6 +108,7 @@ class Rollout:
     finish_reason: FinishReason
     response_text: str = ""
     token_versions: list[int] | None = None
+    images: ImageInputs | None = None
 
 
 class GenerationEngine(abc.ABC):

@@ -17,6 +17,9 @@ from rl.core.generation.weights import copy_named_tensors
 from rl.core.images import ImageInputs
 from rl.core.model_class import generative_class, is_vision_language
 
+VISION_TOKENS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+"""A vision-language model's tokens that only its processor writes: never sampled (`sampling.NeverSample`)."""
+
 
 @contextlib.contextmanager
 def seeded(seed: int | None, device: torch.device) -> Iterator[None]:
@@ -100,6 +103,9 @@ class HFGenerationEngine(GenerationEngine):
         self.pad_token_id: int = pad if pad is not None else (self.eos_token_id or 0)
         self.vocab_size: int = self.model.get_input_embeddings().num_embeddings
         self.takes_images = is_vision_language(self.model.config)
+        self.never_sampled = tuple(token for name in VISION_TOKENS
+                                   if (token := getattr(self.model.config, name, None)) is not None
+                                   ) if self.takes_images else ()
         self.offloaded = False
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
@@ -129,7 +135,7 @@ class HFGenerationEngine(GenerationEngine):
     ) -> list[Rollout]:
         inputs = self._model_inputs([prompts[p] for p, _ in chunk], [images[p] for p, _ in chunk] if images else [])
         input_ids = inputs["input_ids"]
-        processors, raw, processed = recording_processors(params)
+        processors, raw, processed = recording_processors(params, self.never_sampled)
         sequences = self.model.generate(
             **inputs,
             generation_config=config,
@@ -152,6 +158,7 @@ class HFGenerationEngine(GenerationEngine):
                 raw_logprobs=raw_lp[i][: cuts[i][0]],
                 finish_reason=cuts[i][1],
                 response_text=texts[i],
+                images=images[p] if images else None,
             )
             for i, (p, s) in enumerate(chunk)
         ]

@@ -68,16 +68,29 @@ def sampling_warpers(params: SamplingParams) -> list[LogitsProcessor]:
     return warpers
 
 
-def recording_processors(params: SamplingParams) -> tuple[LogitsProcessorList, LogprobRecorder, LogprobRecorder]:
+class NeverSample(LogitsProcessor):
+    """Tokens that are never sampled (their scores -inf): a vision-language model's image placeholders and
+    markers, which only the processor writes and which would ask the model for an image that does not exist."""
+
+    def __init__(self, token_ids: tuple[int, ...]):
+        self.token_ids = list(token_ids)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores[:, self.token_ids] = float("-inf")
+        return scores
+
+
+def recording_processors(params: SamplingParams, never: tuple[int, ...] = ()
+                         ) -> tuple[LogitsProcessorList, LogprobRecorder, LogprobRecorder]:
     """(processors for `generate`, raw recorder, sampling recorder).
 
-    The raw recorder sees the untempered logits; the sampling recorder sees them after the warpers. When no warper
-    applies (greedy decoding, whose argmax is taken over the untempered logits, or plain temperature-1 sampling)
-    both are the same recorder.
+    The raw recorder sees the untempered logits; the sampling recorder sees them after `never`'s mask and the
+    warpers, as a mask of top-k's does. When neither applies (greedy decoding, whose argmax is taken over the
+    untempered logits, or plain temperature-1 sampling) both are the same recorder.
     """
     raw = LogprobRecorder()
-    warpers = sampling_warpers(params)
-    if not warpers:
+    shaping = [*([NeverSample(never)] if never else []), *sampling_warpers(params)]
+    if not shaping:
         return LogitsProcessorList([raw]), raw, raw
     processed = LogprobRecorder()
-    return LogitsProcessorList([raw, *warpers, processed]), raw, processed
+    return LogitsProcessorList([raw, *shaping, processed]), raw, processed

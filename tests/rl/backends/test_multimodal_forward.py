@@ -176,7 +176,8 @@ def test_one_step_matches_plain_torch(checkpoint, process_group, strategy):
 
 def test_hf_engine_samples_with_images_and_the_trainer_scores_them_alike(checkpoint):
     """The hf engine's sampled tokens and their logprobs, each prompt's images given once for its two samples,
-    against the trainer's packed logprobs of the same (image, prompt + response) sequences."""
+    against the trainer's packed logprobs of the same (image, prompt + response) sequences; the vision tokens are
+    never sampled, and the sampling logprobs are the model's renormalised over the other tokens."""
     from rl.backends.hf_forward import scored_logits
     from rl.core.generation import SamplingParams, build_engine
 
@@ -202,7 +203,14 @@ def test_hf_engine_samples_with_images_and_the_trainer_scores_them_alike(checkpo
     rtol = tolerances.network_rtol(
         tolerances.decoder_reductions(config.text_config, int(batch.seq_lengths.max()))
         + tolerances.vision_tower_reductions(config.vision_config, patches), torch.float32)
-    want = torch.tensor([lp for r in rollouts for lp in r.rollout_logprobs])
-    tolerances.assert_within(got[batch.loss_mask], want, rtol * float(logits.abs().max()),
-                             "the engine's logprobs against the trainer's")
+    gap = rtol * float(logits.abs().max())
+    raw = torch.tensor([lp for r in rollouts for lp in r.raw_logprobs])
+    tolerances.assert_within(got[batch.loss_mask], raw, gap, "the engine's logprobs against the trainer's")
+    # the image placeholders and markers are never sampled: the sampling distribution is the model's renormalised
+    # over the other tokens, as a top-k mask renormalises it
+    never = [config.image_token_id, config.video_token_id, config.vision_start_token_id, config.vision_end_token_id]
+    assert not {token for r in rollouts for token in r.response_ids} & set(never)
+    masked = torch.log_softmax(logits.double(), -1)[:, never].exp().sum(-1)
+    sampled = torch.tensor([lp for r in rollouts for lp in r.rollout_logprobs], dtype=torch.float64)
+    tolerances.assert_within(sampled, raw.double() - torch.log1p(-masked), 2 * gap, "the sampling distribution")
     assert sum(len(r.response_ids) for r in rollouts) >= len(rollouts)

@@ -47,9 +47,14 @@ MACHINE = {
                              ("is not a directory",)),
     "model_without_config": Bad(["trainer.policy.model.path={tmp}"], "trainer.policy.model.path",
                                 ("no config.json",)),
-    "vision_language_model": Bad(["trainer.policy.model.path={vlmodel}"], "trainer.policy.model.path",
-                                 ("is a vision-language model (Qwen2VLForConditionalGeneration)",
-                                  "takes text prompts only")),
+    "vision_language_model_on_megatron": Bad(
+        ["trainer.policy.model.path={vlmodel}", "trainer.strategy=megatron"], "trainer.strategy",
+        ("is megatron", "is a vision-language model (Qwen2VLForConditionalGeneration)", "fsdp, fsdp2 and deepspeed")),
+    "vision_language_model_on_vllm": Bad(
+        ["trainer.policy.model.path={vlmodel}", "generator.backend=vllm"], "generator.backend",
+        ("is vllm", "only the hf engine takes")),
+    "vision_language_reference": Bad(["trainer.ref.model.path={vlmodel}"], "trainer.ref.model.path",
+                                     ("is a vision-language model", "only the policy may be one")),
     "cuda_kernels_without_cuda": Bad(["trainer.kernels=cuda"], "trainer.kernels", ("needs a CUDA device",)),
     "engine_argument_unknown_to_vllm": Bad(
         ["generator.backend=vllm", "generator.engine_init_kwargs.enforce_eagr=false"],
@@ -185,7 +190,7 @@ DATA = {
                                       ("row 0", "text or a non-empty list")),
     "parquet_images_for_a_text_run": BadData(
         "a.parquet", {"prompt": ["q", "<image> r"], "answer": ["1", "2"], "images": [[], [{"bytes": PNG}]]},
-        ("row 1", "has 1 image(s)", "takes text prompts only")),
+        ("row 1", "has 1 image(s)", "is a text model")),
     "parquet_image_unreadable": BadData(
         "a.parquet", {"prompt": ["q", "<image> r"], "answer": ["1", "2"], "images": [[], [{"bytes": b"\x89PNG"}]]},
         ("row 1: images[0]", "not a readable image")),
