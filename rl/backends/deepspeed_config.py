@@ -86,6 +86,7 @@ class DeepSpeedStrategy(StrategyConfig):
     name = "deepspeed"
     backend = "rl.backends.deepspeed:DeepSpeedBackend"
     lora = True
+    images = True
     blocks: ClassVar[dict[str, type]] = {BLOCK: DeepSpeedConfig}
 
     def check(self, cfg, problems: Problems) -> None:

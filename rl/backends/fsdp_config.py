@@ -72,6 +72,7 @@ class FSDP2Strategy(StrategyConfig):
     nemo_priority = 1
     nemo_keys: ClassVar[dict[str, str]] = _dtensor_keys()
     lora = True
+    images = True
     ulysses = True
 
     def check(self, cfg, problems: Problems) -> None:

@@ -1,14 +1,15 @@
 """What a vision-language policy (Qwen2-VL's family) needs from the rest of the config, checked before anything
 starts. Images reach the model through the hf engine in the driver (`trainer.placement.colocate_all=true`, the
-synchronous schedule) and the fsdp, fsdp2 and deepspeed strategies, single-turn, with the reference model; the
-parts that do not carry images yet are refused by their key, and so are rows with images for a text model."""
+synchronous schedule) and the strategies whose backends take them (`StrategyConfig.images`), single-turn, with the
+reference model; the parts that do not carry images yet are refused by their key, and so are rows with images for
+a text model."""
 
 from __future__ import annotations
 
 import json
 import os
 
-CARRIES_IMAGES = ("fsdp", "fsdp2", "deepspeed")
+from rl.core.config.strategies import STRATEGIES
 
 
 def model_kind(path: str) -> str | None:
@@ -35,10 +36,11 @@ def vision_language_problems(cfg) -> list[str]:
     if kind is None:
         return found
     what = f"trainer.policy.model.path is a vision-language model ({kind})"
+    carrying = [name for name in STRATEGIES.names() if STRATEGIES.get(name).images]
     refused = [
-        ("trainer.strategy", trainer.strategy not in CARRIES_IMAGES,
-         f"is {trainer.strategy}; {what}, which fsdp, fsdp2 and deepspeed train (megatron-core's conversion has no "
-         "vision tower): pick one of them"),
+        ("trainer.strategy", trainer.strategy not in carrying,
+         f"is {trainer.strategy}; {what}, whose images only the backends of {', '.join(carrying)} take: pick one "
+         "of them"),
         ("generator.backend", gen.backend != "hf", f"is {gen.backend}; {what}, whose images only the hf engine takes "
                                                    "so far: set generator.backend=hf"),
         ("trainer.placement.colocate_all", not trainer.placement.colocate_all,

@@ -44,6 +44,8 @@ class StrategyConfig:
     """Whether its backend runs Ulysses sequence parallelism (`trainer.policy.sequence_parallel_size` > 1)."""
     ulysses_hint: ClassVar[str] = ""
     """What to set instead of `trainer.policy.sequence_parallel_size` > 1 where it does not."""
+    images: ClassVar[bool] = False
+    """Whether its backend trains a vision-language model on images (`rl.backends.multimodal`)."""
     own_attention: ClassVar[str] = ""
     """Where its backend computes attention with kernels of its own instead of the Hugging Face model's
     implementations (so `trainer.flash_attn=true` cannot apply); empty for Hugging Face attention."""

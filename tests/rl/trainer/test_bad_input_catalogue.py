@@ -49,7 +49,7 @@ MACHINE = {
                                 ("no config.json",)),
     "vision_language_model_on_megatron": Bad(
         ["trainer.policy.model.path={vlmodel}", "trainer.strategy=megatron"], "trainer.strategy",
-        ("is megatron", "is a vision-language model (Qwen2VLForConditionalGeneration)", "fsdp, fsdp2 and deepspeed")),
+        ("is megatron", "is a vision-language model (Qwen2VLForConditionalGeneration)", "deepspeed, fsdp, fsdp2 take")),
     "vision_language_model_on_vllm": Bad(
         ["trainer.policy.model.path={vlmodel}", "generator.backend=vllm"], "generator.backend",
         ("is vllm", "only the hf engine takes")),
