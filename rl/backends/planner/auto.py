@@ -40,6 +40,9 @@ def guide(shape: ModelShape) -> tuple[tuple[str, ...], str]:
     """(strategies to consider, in order; the rule that picked them)."""
     total = shape.total_params()
     size = f"{total / 1e9:.2f}B" if total >= 1e9 else f"{total / 1e6:.1f}M" if total >= 1e6 else f"{total:,}"
+    if shape.vision:
+        return ("fsdp2",), f"a vision-language model ({size} parameters in its language half) -> fsdp2 (megatron " \
+                           "takes none)"
     if shape.is_moe:
         return ("megatron",), f"mixture of experts ({shape.experts} experts) -> megatron (expert parallelism)"
     if total > MEGATRON_ABOVE:

@@ -136,6 +136,8 @@ def exclusion(inputs: PlanInputs, k: Knobs) -> str | None:
         return f"fsdp_size {k.shard_size} does not divide the {inputs.world} GPUs"
     if k.strategy == "deepspeed" and k.offload_param and k.zero_stage < 3:
         return "offload_param needs ZeRO stage 3"
+    if k.strategy == "megatron" and inputs.shape.vision:
+        return "megatron takes no vision-language model (its conversion has no vision tower)"
     if k.strategy == "megatron":
         problem = _megatron_problem(inputs, k)
         if problem:

@@ -47,6 +47,9 @@ class ModelShape:
     """Width of the shared expert(s) of an MoE layer (Qwen2-MoE, DeepSeek), 0 without."""
     moe_layers: int = 0
     model_type: str = ""
+    vision: bool = False
+    """A vision-language model's language half (its config has a vision_config); the vision tower itself is not
+    counted by these formulas."""
 
     @property
     def is_moe(self) -> bool:
@@ -161,6 +164,7 @@ def _moe_layer_count(config: Mapping[str, Any], layers: int) -> int:
 def shape_from_config(config: Mapping[str, Any], source: str = "config.json") -> ModelShape:
     """The shape of a decoder from its config.json (a dict); a composite config's `text_config` is read. Raises
     ShapeError naming a missing key."""
+    vision = isinstance(config.get("vision_config"), Mapping)
     if isinstance(config.get("text_config"), Mapping):
         config = {**config["text_config"], "model_type": config["text_config"].get("model_type",
                                                                                    config.get("model_type"))}
@@ -197,4 +201,5 @@ def shape_from_config(config: Mapping[str, Any], source: str = "config.json") ->
         shared_intermediate=shared if experts else 0,
         moe_layers=_moe_layer_count(config, layers) if experts else 0,
         model_type=model_type,
+        vision=vision,
     )

@@ -14,6 +14,12 @@ from tests.testing.model_configs import LLAMA2_70B, MIXTRAL_8X7B, QWEN25_05B, QW
 QWEN25_14B = {"model_type": "qwen2", "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 48,
               "num_attention_heads": 40, "num_key_value_heads": 8, "vocab_size": 152064,
               "tie_word_embeddings": False}
+# Qwen2-VL-72B's shape as transformers 5 writes it (the language model under text_config): above 30B, but megatron
+# takes no vision-language model
+QWEN2_VL_72B = {"model_type": "qwen2_vl", "vision_config": {"depth": 32, "embed_dim": 1280},
+                "text_config": {"model_type": "qwen2_vl_text", "hidden_size": 8192, "intermediate_size": 29568,
+                                "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+                                "vocab_size": 152064, "tie_word_embeddings": False}}
 EMBEDDED = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 32, "tie_word_embeddings": True}
 
@@ -25,6 +31,7 @@ EMBEDDED = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 512,
     (QWEN25_14B, ("fsdp2", "megatron"), "14B-30B"),
     (MIXTRAL_8X7B, ("megatron",), "mixture of experts (8 experts) -> megatron"),
     (LLAMA2_70B, ("megatron",), "> 30B -> megatron"),
+    (QWEN2_VL_72B, ("fsdp2",), "a vision-language model (72.71B parameters in its language half) -> fsdp2"),
 ])
 def test_guide(config, strategies, rule):
     chosen, why = guide(shape_from_config(config))
@@ -75,3 +82,14 @@ def test_unknown_gpu_memory_keeps_the_layout(tmp_path):
     choice = choose(cfg, inputs_from_config(cfg, shape_from_config(QWEN25_05B), None))
     assert choice.layout.strategy == "fsdp2" and not choice.layout.settings
     assert "trainer.placement.gpu_memory_gb" in choice.reason
+
+
+def test_a_vision_language_model_never_gets_megatron():
+    from rl.backends.planner.candidates import plan
+
+    cfg = load_config(["trainer.placement.policy_num_gpus_per_node=8"])
+    inputs = inputs_from_config(cfg, shape_from_config(QWEN2_VL_72B), 80 * GIB)
+    megatron = [e for c, e in plan(cfg, inputs) if e.layout.strategy == "megatron"]
+    assert megatron and all(e.excluded == "megatron takes no vision-language model (its conversion has no vision "
+                                           "tower)" for e in megatron)
+    assert choose(cfg, inputs).layout.strategy != "megatron"
