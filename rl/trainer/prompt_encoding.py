@@ -183,11 +183,12 @@ class PromptEncoder:
         return ids
 
     def encode_all(self, records: Iterable[PromptRecord]) -> list[list[int]]:
+        self.images = {}  # only the batch at hand's pixel values are kept
         return [self.encode(record) for record in records]
 
     def images_of(self, records: Iterable[PromptRecord]) -> list | None:
-        """The images each of `records` (encoded before) was prepared with, None for one without; None when no
-        record has any."""
+        """The images each of `records` (encoded by the last `encode_all`) was prepared with, None for one without;
+        None when no record has any."""
         found = [self.images.get((r.where, r.data_source, r.index)) if r.images else None for r in records]
         return found if any(entry is not None for entry in found) else None
 
