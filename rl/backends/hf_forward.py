@@ -78,7 +78,7 @@ def _slice_inputs(batch: PackedBatch, positions: Tensor, sp: SequenceParallel) -
 def model_inputs(model: nn.Module, batch: PackedBatch, sp: SequenceParallel | None = None) -> tuple[dict, Tensor]:
     """`scored_inputs`, with a vision-language model's images and positions added."""
     kwargs, targets_at = scored_inputs(batch, sp)
-    inner = _hf_model(model)
+    inner = _unwrapped(model)
     if takes_images(inner):
         if sp is not None:
             raise ValueError("trainer.policy.sequence_parallel_size > 1 does not split a vision-language model's "
@@ -97,14 +97,8 @@ def scored_logits(model: nn.Module, batch: PackedBatch, sp: SequenceParallel | N
 
 
 def _unwrapped(model: nn.Module) -> nn.Module:
-    """The Hugging Face model inside a DeepSpeed engine or FSDP wrapper."""
-    while not hasattr(model, "get_output_embeddings") and hasattr(model, "module"):
-        model = model.module
-    return model
-
-
-def _hf_model(model: nn.Module) -> nn.Module:
-    """The Hugging Face model itself (its config and submodules, not a wrapper's that forwards some of them)."""
+    """The Hugging Face model inside a DeepSpeed engine or FSDP wrapper (its own config and submodules, not a
+    wrapper's that forwards some of them)."""
     from transformers import PreTrainedModel
 
     while not isinstance(model, PreTrainedModel) and hasattr(model, "module"):

@@ -9,7 +9,7 @@ import shutil
 import torch
 from torch import Tensor, nn
 
-from rl.core.model_class import generative_class, is_vision_language
+from rl.core.model_class import generative_class, is_vision_language, load_generative
 
 
 def attention_implementation(device: torch.device, sequence_parallel: bool = False, flash_attn: bool | None = None,
@@ -55,14 +55,10 @@ def load_causal_lm(path: str, device: torch.device, sequence_parallel: bool = Fa
     `sequence_parallel` its attention runs through Ulysses (`rl.backends.ulysses`, inactive until the backend
     attaches a group); `flash_attn` and `bf16` pick the attention kernel (`attention_implementation`), for the
     vision tower too."""
-    from transformers import AutoConfig
-
     if not os.path.isdir(os.path.expanduser(path)) and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise FileNotFoundError(f"trainer.policy.model.path: no model directory at '{path}' (hub access is off)")
     attention = attention_implementation(device, sequence_parallel, flash_attn, bf16)
-    config = AutoConfig.from_pretrained(os.path.expanduser(path))
-    model = generative_class(config).from_pretrained(os.path.expanduser(path), dtype=torch.float32,
-                                                     attn_implementation=attention)
+    model = load_generative(os.path.expanduser(path), dtype=torch.float32, attn_implementation=attention)
     model.config.use_cache = False
     if is_vision_language(model.config):  # a packed row is only told apart without a cache (transformers' masks)
         model.config.text_config.use_cache = False

@@ -16,3 +16,10 @@ def generative_class(config):
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+
+
+def load_generative(path: str, **kwargs):
+    """The generating model at `path` (`generative_class` of its config), `from_pretrained` with `kwargs`."""
+    from transformers import AutoConfig
+
+    return generative_class(AutoConfig.from_pretrained(path)).from_pretrained(path, **kwargs)

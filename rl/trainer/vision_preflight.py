@@ -6,23 +6,16 @@ a text model."""
 
 from __future__ import annotations
 
-import json
-import os
-
-from rl.core.config.strategies import STRATEGIES
+from rl.core.config.strategies import STRATEGIES, local_model_config
 
 
 def model_kind(path: str) -> str | None:
     """A local model directory's architecture when it is a vision-language model (its config.json has a
     vision_config), else None."""
-    try:
-        with open(os.path.join(os.path.expanduser(path), "config.json"), encoding="utf-8") as handle:
-            config = json.load(handle)
-    except (OSError, ValueError):
+    config = local_model_config(path)
+    if getattr(config, "vision_config", None) is None:
         return None
-    if not isinstance(config, dict) or "vision_config" not in config:
-        return None
-    return ", ".join(config.get("architectures") or [str(config.get("model_type", "?"))])
+    return ", ".join(getattr(config, "architectures", None) or [str(getattr(config, "model_type", "?"))])
 
 
 def vision_language_problems(cfg) -> list[str]:

@@ -8,14 +8,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PreTrainedModel
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel
 
 from rl.core.generation.engine import GENERATION_ENGINES, GenerationEngine, Rollout, SamplingParams
 from rl.core.generation.sampling import recording_processors
 from rl.core.generation.sequences import cut_at_stop, cut_at_stop_string, left_pad
 from rl.core.generation.weights import copy_named_tensors
 from rl.core.images import ImageInputs
-from rl.core.model_class import generative_class, is_vision_language
+from rl.core.model_class import is_vision_language, load_generative
 
 VISION_TOKENS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 """A vision-language model's tokens that only its processor writes: never sampled (`sampling.NeverSample`)."""
@@ -53,7 +53,7 @@ def generation_mode(model: PreTrainedModel) -> Iterator[None]:
 
 def _load(model: Any, tokenizer: Any, dtype: torch.dtype | None) -> tuple[PreTrainedModel, Any]:
     if isinstance(model, str | os.PathLike):
-        model = generative_class(AutoConfig.from_pretrained(model)).from_pretrained(model, dtype=dtype or "auto")
+        model = load_generative(model, dtype=dtype or "auto")
     if isinstance(tokenizer, str | os.PathLike):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer)
     if not isinstance(model, PreTrainedModel):
