@@ -11,6 +11,9 @@ with glibc's mmap threshold fixed at 128 KiB (freed tensors leave the resident s
 - `step`: growth of the peak resident set (VmHWM, reset once built) over the two steps: gradients, optimizer state,
   gathered copies, activations, logits;
 - `params` and `optimizer`: bytes of the parameters' and the optimizer state's tensors, counted.
+On a machine with CUDA the backends build on the GPU and the same figures come from torch's CUDA allocator instead:
+`build` the growth of `memory_allocated`, `step` the peak (`max_memory_allocated`, reset once built) over what was
+allocated once built; variants that need more GPUs than the machine has are skipped, with the reason.
 Predicted: `rl.backends.planner` for the same shape, tokens and layout in fp32 without the GPU runtime allowance: the
 larger of its `train` and `optimizer` phases, split the same way (what exists once built: weights, DeepSpeed's fp32
 master partition, ZeRO-3's gradient partition, megatron's gradient buffers; the rest grows in the step). The table is
@@ -101,25 +104,33 @@ def _rank(rank: int, world: int, port: int, args, out: str) -> None:
 
     strategy, _, options, extras = VARIANTS[args.child]
     torch.set_num_threads(1)
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(rank)
     info = init_distributed(rank, world, "127.0.0.1", port)
     batch, settings = _batch(args.tokens, SHAPES[args.model]["vocab_size"]), LossSettings(use_kl_loss=False)
     normalizer = settings.normalizer(batch.loss_mask, seq_ids=batch.token_seq_ids(), num_sequences=4)
     from rl.backends.registry import backend_class
 
     backend_class(strategy)  # its imports are not the model's memory
-    before = _anon_kib()
+    before = torch.cuda.memory_allocated() if cuda else _anon_kib() * 1024
     spec = ModelSpec(path=args.path, role="policy", temperature=1.0, lr=1e-5, backend_options=options, bf16=False,
                      flash_attn=False, **extras)
     backend = build_backend(strategy, spec, info)
-    built_anon, built = _anon_kib(), status_kib("VmRSS")
+    if cuda:
+        torch.cuda.synchronize()
+        built_growth = built = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        built_growth, built = _anon_kib() * 1024, status_kib("VmRSS") * 1024
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
     params = _tensor_bytes(backend.model.parameters())
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
     for _ in range(2):
         backend.train_micro_batches([batch], settings, normalizer)
         backend.optimizer_step()
-    peak = status_kib("VmHWM")
-    result = {"build_mib": (built_anon - before) / 1024, "step_mib": (peak - built) / 1024,
+    peak = torch.cuda.max_memory_allocated() if cuda else status_kib("VmHWM") * 1024
+    result = {"build_mib": (built_growth - before) / 2**20, "step_mib": (peak - built) / 2**20,
               "params_mib": params / 2**20, "optimizer_mib": _optimizer_state(backend) / 2**20}
     with open(f"{out}.{rank}", "w") as f:
         json.dump(result, f)
@@ -194,6 +205,11 @@ def main(argv=None) -> int:
         path = os.path.join(tmp, "model")
         Qwen2ForCausalLM(Qwen2Config(**SHAPES[args.model], max_position_embeddings=4096)).save_pretrained(path)
         for name in args.variants.split(","):
+            world = VARIANTS[name][1]
+            if torch.cuda.is_available() and torch.cuda.device_count() < world:
+                print(f"{name}: skipped, it needs {world} GPUs and this machine has {torch.cuda.device_count()}",
+                      flush=True)
+                continue
             cmd = [sys.executable, "-m", "bench.plan_memory", "--child", name, "--path", path, "--tmp", tmp,
                    "--model", args.model, "--tokens", str(args.tokens), "--port", str(free_port())]
             measured, guess = memory_child(cmd, name), predicted(name, args.model, args.tokens)
@@ -202,8 +218,10 @@ def main(argv=None) -> int:
                          measured["optimizer_mib"], guess["build_mib"], measured["build_mib"], guess["step_mib"],
                          measured["step_mib"], guess["peak_mib"], total, guess["peak_mib"] / total - 1])
             print(json.dumps({"variant": name, "measured": measured, "predicted": guess}), flush=True)
-    print(f"{args.model} shape, fp32, {args.tokens} tokens per micro-batch (3/4 scored), two steps; MiB per rank "
-          "(predicted / measured)")
+    cuda = torch.cuda.is_available()
+    where = f"GPU ({torch.cuda.get_device_name()}, CUDA allocator)" if cuda else "CPU (resident set)"
+    print(f"{where}: {args.model} shape, fp32, {args.tokens} tokens per micro-batch (3/4 scored), two steps; "
+          "MiB per rank (predicted / measured)")
     print(format_table(["variant", "params p", "params m", "optim p", "optim m", "build p", "build m", "step p",
                         "step m", "peak p", "peak m", "peak error"], rows))
     return 0

@@ -70,7 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts_per_step", type=int, default=4, help="prompts per step (one mini-batch)")
     parser.add_argument("--num_generations", type=int, default=4, help="samples per prompt (group size)")
     parser.add_argument("--max_generate_length", type=int, default=12, help="most new tokens per sample")
-    parser.add_argument("--model_size", default="tiny", help="rl.tasks.embedded model size: tiny or small")
+    parser.add_argument("--model_size", default="tiny", help="rl.tasks.embedded model size: tiny, small or 0.5b "
+                        "(Qwen2.5-0.5B's layers)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights, the data and the run")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds before a run is stopped and marked failed")
     parser.add_argument(

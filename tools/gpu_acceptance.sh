@@ -3,7 +3,10 @@
 # pybind11, pytest) and nvcc, builds what `bazel build --config=gpu` builds for the GPU tests and runs every test
 # and benchmark of the project that can run there. Run from the repository root:
 #
-#     OUT=/some/dir bash tools/gpu_acceptance.sh            # [--plan] [--cpu] [--only REGEX]
+#     OUT=/some/dir bash tools/gpu_acceptance.sh            # [--plan] [--cpu] [--only REGEX] [--wheels DIR]
+#
+# --wheels DIR installs, into the run's own folder, the packages tools/gpu_wheels.sh gathered (ray, deepspeed,
+# megatron-core and what they need), so that the tests and runs that need them run instead of being skipped.
 #
 # Steps (bounded together by GPU_ACCEPTANCE_BUDGET_S, default 450 s, so the run ends on its own):
 #   1. versions of python, torch, CUDA, the GPU, triton, transformers and the optional packages;
@@ -15,8 +18,13 @@
 #   4. the gpu-tagged tests and the tests that check the kernels and the backends on this torch/transformers, one
 #      pytest process per file (as Bazel's targets), in two lanes (GPU-heavy files; light ones), with a per-test
 #      timeout. Tests that need ray, vllm, deepspeed or megatron-core are skipped with that reason when the package
-#      is missing (tools/gpu_acceptance.py: NEEDS), so the junit XML shows what ran and what did not.
-# Writes $OUT/gpu_acceptance.log, $OUT/junit.xml (every file's results merged) and $OUT/kernels_gpu.json.
+#      is missing (tools/gpu_acceptance.py: NEEDS), so the junit XML shows what ran and what did not; beside
+#      them bench/plan_memory.py (the memory planner against the CUDA allocator's peak, 0.5B shape);
+#   5. alone on the GPU, bench/strategies.py: the launcher with the HF engine through fsdp2, fsdp, deepspeed and
+#      megatron in bf16 on the embedded task with Qwen2.5-0.5B's layers (a strategy whose package is missing fails
+#      its row and the others still run).
+# Writes $OUT/gpu_acceptance.log, $OUT/junit.xml (every file's results merged), $OUT/kernels_gpu.json and the two
+# benchmarks' output ($OUT/plan_memory.txt, $OUT/strategies.txt).
 # Exits non-zero if any build step, test file or the benchmark failed, or a file could not start within the budget;
 # everything is attempted first. Without a CUDA device it prints its plan and exits 0 (--cpu runs it anyway, which
 # checks the build and the test commands on a CPU machine with nvcc).
@@ -41,14 +49,19 @@ BUDGET_S=${GPU_ACCEPTANCE_BUDGET_S:-450}
 FILE_CAP_S=${GPU_ACCEPTANCE_FILE_CAP_S:-300}  # one test file at most
 TEST_TIMEOUT_S=${GPU_ACCEPTANCE_TEST_TIMEOUT_S:-240}  # one test at most (pytest-timeout)
 BENCH_ARGS=${GPU_ACCEPTANCE_BENCH_ARGS:---tokens 4096 --vocab 32768 --hidden 2048 --seq_len 1024}
+# The memory planner against the CUDA allocator; the launcher on the GPU through each strategy, bf16, HF engine.
+PLAN_ARGS=${GPU_ACCEPTANCE_PLAN_ARGS:---model 0.5b}
+STRATEGIES_ARGS=${GPU_ACCEPTANCE_STRATEGIES_ARGS:---model_size 0.5b --steps 4 --prompts_per_step 16 \
+--num_generations 8 --max_generate_length 64}
 
-PLAN_ONLY=0 FORCE_CPU=0 ONLY=""
+PLAN_ONLY=0 FORCE_CPU=0 ONLY="" WHEELS=""
 while (($#)); do
   case $1 in
     --plan) PLAN_ONLY=1 ;;
     --cpu) FORCE_CPU=1 ;;
     --only) ONLY=$2; shift ;;
-    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
+    --wheels) WHEELS=$(realpath "$2"); shift ;;
+    -h | --help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -107,6 +120,30 @@ NOT_HERE=(
   "NCCL weight streaming between two GPUs (in test_weight_transports_gpu.py): skips itself on one GPU"
 )
 
+install_wheels() {  # into $WORK/site, which PYTHONPATH then names (Ray's workers inherit it)
+  section "install from $WHEELS"
+  local site=$WORK/site archive t0
+  t0=$(date +%s)
+  mkdir -p "$site"
+  for archive in "$WHEELS"/*.tar.xz; do
+    [[ -e $archive ]] || continue
+    echo "unpack $(basename "$archive")"
+    tar -xJf "$archive" -C "$site" || return 1
+  done
+  local pip=("$PYTHON" -m pip)
+  # An environment without pip of its own (uv's): another pip installs for it (`--python`, pip >= 22.3).
+  "$PYTHON" -m pip --version >/dev/null 2>&1 || pip=("${PIP_PYTHON:-python3}" -m pip --python "$PYTHON")
+  pip+=(install -q --no-index --no-deps --no-cache-dir --disable-pip-version-check --target "$site")
+  if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    "${pip[@]}" --no-compile "$WHEELS"/*.whl || return 1
+  fi
+  if compgen -G "$WHEELS/*.tar.gz" >/dev/null; then  # source archives of pure-Python packages (DeepSpeed: no ops)
+    DS_BUILD_OPS=0 "${pip[@]}" --no-build-isolation "$WHEELS"/*.tar.gz || return 1
+  fi
+  export PYTHONPATH=$PYTHONPATH:$site
+  echo "installed into $site in $(($(date +%s) - t0)) s: $(ls "$site" | grep -c dist-info) packages"
+}
+
 remaining() { echo $((BUDGET_S - ($(date +%s) - START))); }
 locked_cat() { if command -v flock >/dev/null; then flock "$WORK/print.lock" cat "$@"; else cat "$@"; fi; }
 section() { printf '\n===== %s (t=%ss)\n' "$*" "$(($(date +%s) - START))"; }
@@ -122,6 +159,8 @@ print_plan() {
   section "plan"
   echo "build into $BIN (RL_BAZEL_BIN); figures, log and junit into $OUT"
   echo "bench: bench/kernels_gpu.py $BENCH_ARGS"
+  echo "beside the tests: bench/plan_memory.py $PLAN_ARGS (predicted vs the CUDA allocator's peak)"
+  echo "after the tests: bench/strategies.py $STRATEGIES_ARGS (the launcher, one GPU, each strategy)"
   echo "lane A (GPU):"; selected "${LANE_A[@]}" | sed 's/^/  /'
   echo "lane B (light):"; selected "${LANE_B[@]}" | sed 's/^/  /'
   echo "skipped for a missing package (per test, reason in the junit XML):"
@@ -287,16 +326,42 @@ lane() {  # name files...
 
 tests() {
   section "tests"
-  local a b
+  local a b status=0
   mapfile -t a < <(selected "${LANE_A[@]}")
   mapfile -t b < <(selected "${LANE_B[@]}")
   lane A "${a[@]}" &
   local pid_a=$!
   lane B "${b[@]}" &
   local pid_b=$!
+  local pid_c=""
+  if [[ -n $(selected bench/plan_memory.py) ]]; then  # beside the tests: its figures are per process, not timings
+    figures plan_memory "$PLAN_ARGS" >"$WORK/logs/plan_memory.log" 2>&1 &
+    pid_c=$!
+  fi
   wait "$pid_a" "$pid_b"
+  if [[ -n $pid_c ]]; then
+    wait "$pid_c" || status=1
+    locked_cat "$WORK/logs/plan_memory.log"
+  fi
   section "test summary"
-  "$PYTHON" tools/gpu_acceptance.py merge "$OUT/junit.xml" "$MANIFEST"
+  "$PYTHON" tools/gpu_acceptance.py merge "$OUT/junit.xml" "$MANIFEST" || status=1
+  return $status
+}
+
+figures() {  # module args: a benchmark of the project, its output also to $OUT/module.txt
+  local module=$1 args=$2 limit rc
+  section "bench/$module.py $args"
+  limit=$(remaining)
+  ((limit > 300)) && limit=300
+  if ((limit < 30)); then
+    echo "not run: the time budget is spent"
+    return 1
+  fi
+  # shellcheck disable=SC2086  # args is a list of flags
+  timeout -k 10 "$limit" "$PYTHON" -m "bench.$module" $args 2>&1 | tee "$OUT/$module.txt"
+  rc=${PIPESTATUS[0]}
+  echo "bench/$module.py: rc=$rc"
+  return "$rc"
 }
 
 main() {
@@ -305,6 +370,9 @@ main() {
   if ! has_gpu=$("$PYTHON" -c 'import torch; print(int(torch.cuda.is_available()))'); then
     echo "FAILED: $PYTHON cannot import torch"
     return 1
+  fi
+  if ((!PLAN_ONLY)) && [[ -n $WHEELS && ($has_gpu == 1 || $FORCE_CPU == 1) ]]; then
+    install_wheels || failed+=(install)
   fi
   print_plan
   if ((PLAN_ONLY)); then return 0; fi
@@ -318,6 +386,13 @@ main() {
     if [[ $has_gpu == 1 ]]; then bench || failed+=(bench); else section "bench: no GPU, not run"; fi
   fi
   tests || failed+=(tests)
+  if [[ -n $(selected bench/strategies.py) ]]; then  # alone on the GPU, after the tests: its figures are timings
+    if [[ $has_gpu == 1 ]]; then
+      figures strategies "$STRATEGIES_ARGS" || failed+=(strategies)
+    else
+      section "bench/strategies.py: no GPU, not run"
+    fi
+  fi
   section "done"
   if ((${#failed[@]})); then
     echo "FAILED: ${failed[*]} (log $OUT/gpu_acceptance.log, junit $OUT/junit.xml)"

@@ -25,6 +25,13 @@ NO_PRESTART = {"enable_worker_prestart": False, "prestart_worker_first_driver": 
 _cluster = None
 
 
+def _visible_gpus() -> int:
+    """The GPUs this process sees: a run that joins the cluster places its workers on them (gpu-tagged tests)."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def shared_ray_address() -> str:
     """The address of this process's cluster, started on first use."""
     global _cluster
@@ -39,9 +46,14 @@ def shared_ray_address() -> str:
         # A short directory: Ray's socket paths under a test's long temporary directory exceed the 107 bytes of a
         # Unix socket name.
         files = tempfile.mkdtemp(prefix="rl-ray-", dir="/tmp" if os.access("/tmp", os.W_OK) else None)
+        # cluster_utils records the head's address in Ray's default temp dir, which it does not create (a fresh
+        # machine has no /tmp/ray).
+        from ray._common.utils import get_default_ray_temp_dir
+
+        os.makedirs(get_default_ray_temp_dir(), exist_ok=True)
         try:
             _cluster = Cluster(initialize_head=True, shutdown_at_exit=False,
-                               head_node_args={"num_cpus": LOGICAL_CPUS, "num_gpus": 0, "include_dashboard": False,
+                               head_node_args={"num_cpus": LOGICAL_CPUS, "num_gpus": _visible_gpus(), "include_dashboard": False,
                                                "temp_dir": files, "_system_config": NO_PRESTART})
         finally:
             os.environ.clear()

@@ -129,7 +129,7 @@ def assert_within(got: torch.Tensor, want: torch.Tensor, bound: float | torch.Te
     """Element-wise |got - want| <= bound (a scalar or a tensor like `want`), reporting the worst element."""
     got, want = got.detach().double(), want.detach().double()
     assert got.shape == want.shape, f"{msg}: shape {tuple(got.shape)} vs {tuple(want.shape)}"
-    bound = torch.as_tensor(bound, dtype=torch.float64).expand_as(want)
+    bound = torch.as_tensor(bound, dtype=torch.float64, device=want.device).expand_as(want)
     excess = (got - want).abs() - bound
     worst = int(excess.argmax()) if excess.numel() else 0
     if excess.numel() and float(excess.flatten()[worst]) > 0:
@@ -166,7 +166,7 @@ def adam_gap(grads: Sequence[torch.Tensor], grad_gaps: Sequence[torch.Tensor | f
     for t in range(1, len(grads) + 1):
         a, b = adam_weights(betas, t)
         g = [x.double() for x in grads[:t]]
-        r = [torch.as_tensor(x, dtype=torch.float64).expand_as(g[0]) for x in grad_gaps[:t]]
+        r = [torch.as_tensor(x, dtype=torch.float64, device=g[0].device).expand_as(g[0]) for x in grad_gaps[:t]]
         n = sum(ai * gi for ai, gi in zip(a, g, strict=True))
         d = torch.sqrt(sum(bi * gi * gi for bi, gi in zip(b, g, strict=True))) + eps
         s = torch.sqrt(sum(bi * ri * ri for bi, ri in zip(b, r, strict=True)))
@@ -259,7 +259,7 @@ def formula_gap(magnitude: torch.Tensor, roundings: float | torch.Tensor, dtype:
     *, / one; an exp or log `EXP_ROUNDINGS`, `LOG_ROUNDINGS`; an exponential of a rounded argument x |x| more (the
     argument's error u|x| becomes e^x's relative error |x| u). `magnitude`: the sum of the magnitudes of the terms
     met (the value itself when nothing cancels); both may be per-element tensors."""
-    ku = torch.as_tensor(roundings, dtype=torch.float64) * unit_roundoff(dtype)
+    ku = torch.as_tensor(roundings, dtype=torch.float64, device=magnitude.device) * unit_roundoff(dtype)
     if bool((ku >= 1).any()):
         raise ValueError(f"gamma_k is unbounded in {dtype}: k*u = {float(ku.max())} >= 1")
     return 2 * ku / (1 - ku) * magnitude.detach().double().abs()
@@ -273,8 +273,8 @@ def matmul_gap(a: torch.Tensor, b: torch.Tensor, a_gap: float | torch.Tensor = 0
     (|a| + a_gap) @ (|b| + b_gap)), and for a result stored in a lower `dtype` (bf16 with float32 accumulation) its
     rounding on each side (`rounded_gap` of `result`, either side's value)."""
     a, b = a.detach().double(), b.detach().double()
-    a_gap = torch.as_tensor(a_gap, dtype=torch.float64).expand_as(a)
-    b_gap = torch.as_tensor(b_gap, dtype=torch.float64).expand_as(b)
+    a_gap = torch.as_tensor(a_gap, dtype=torch.float64, device=a.device).expand_as(a)
+    b_gap = torch.as_tensor(b_gap, dtype=torch.float64, device=b.device).expand_as(b)
     big_a, big_b = a.abs() + a_gap, b.abs() + b_gap
     carried = a_gap @ b.abs() + a.abs() @ b_gap + a_gap @ b_gap
     gap = carried + network_rtol([a.shape[-1]], torch.float32) * (big_a @ big_b)
@@ -308,7 +308,7 @@ def log_softmax_gaps(logits: torch.Tensor, targets: torch.Tensor, temperature: f
     lp = logp.gather(1, targets.long()[:, None]).squeeze(1)
     rtol = network_rtol([z.shape[-1]] * 2, torch.float32)
     rows = 1 + z.abs().amax(-1)
-    shift = torch.as_tensor(logit_gap, dtype=torch.float64).expand_as(z) / temperature
+    shift = torch.as_tensor(logit_gap, dtype=torch.float64, device=z.device).expand_as(z) / temperature
     d = shift.amax(-1)
     lp_gap = rtol * (rows + lp.abs()) + shift.gather(1, targets.long()[:, None]).squeeze(1) + d
     h_gap = rtol * (rows + entropy) + 2 * math.log(z.shape[-1]) * d
@@ -332,7 +332,7 @@ def log_softmax_grad_gap(logits: torch.Tensor, targets: torch.Tensor, w1: torch.
     - a gradient stored in a lower `dtype` rounds once more on each side (`rounded_gap` of `grad`)."""
     z, logp, p, entropy = _softmax_parts(logits, temperature)
     rows, vocab = z.shape
-    zero = torch.zeros(rows, dtype=torch.float64)
+    zero = torch.zeros(rows, dtype=torch.float64, device=z.device)
     w1 = zero if w1 is None else w1.detach().double().abs()
     w2 = zero if w2 is None else w2.detach().double().abs()
     w1, w2, h = w1[:, None], w2[:, None], entropy[:, None]
@@ -340,10 +340,11 @@ def log_softmax_grad_gap(logits: torch.Tensor, targets: torch.Tensor, w1: torch.
     terms = (w1 * (onehot + p) + w2 * p * (logp.abs() + h)) / temperature
     rtol = network_rtol([vocab, vocab] if reductions is None else reductions, torch.float32)
     gap = rtol * terms * (1 + z.abs().amax(-1, keepdim=True))
-    d = (torch.as_tensor(logit_gap, dtype=torch.float64).expand_as(z) / temperature).amax(-1, keepdim=True)
+    as_gap = lambda x: torch.as_tensor(x, dtype=torch.float64, device=z.device)  # noqa: E731
+    d = (as_gap(logit_gap).expand_as(z) / temperature).amax(-1, keepdim=True)
     grow = torch.expm1(2 * d)
     gap = gap + (w1 * p * grow + w2 * p * (grow * (logp.abs() + h) + (1 + grow) * 2 * d * (1 + math.log(vocab))))
-    gap = gap + torch.as_tensor(w1_gap, dtype=torch.float64).expand(rows)[:, None] * (onehot + p) / temperature
+    gap = gap + as_gap(w1_gap).expand(rows)[:, None] * (onehot + p) / temperature
     if dtype == torch.float32 or dtype == torch.float64:
         return gap
     assert grad is not None, "a gradient stored in a lower precision rounds: pass it as `grad`"
@@ -407,7 +408,7 @@ def policy_loss_gaps(logprobs: torch.Tensor, old: torch.Tensor | None, ref: torc
     f64 = lambda t: t.detach().double()  # noqa: E731
     lp = f64(logprobs)
     n = lp.numel()
-    gap = torch.as_tensor(lp_gap, dtype=torch.float64).expand_as(lp)
+    gap = torch.as_tensor(lp_gap, dtype=torch.float64, device=lp.device).expand_as(lp)
     adv = f64(advantages)
     low, high = 1 - settings.eps_clip_low, 1 + settings.eps_clip_high
     log_ratio = torch.zeros_like(lp) if old is None else lp - f64(old)
@@ -461,7 +462,7 @@ def policy_loss_gaps(logprobs: torch.Tensor, old: torch.Tensor | None, ref: torc
     kl_term = kl_value + kl_slope * gap
 
     h = torch.zeros_like(lp) if entropy is None else f64(entropy)
-    h_gap = torch.as_tensor(h_gap, dtype=torch.float64).expand_as(lp)
+    h_gap = torch.as_tensor(h_gap, dtype=torch.float64, device=lp.device).expand_as(lp)
     rtol = network_rtol([n + 4], torch.float32)
 
     def total(weight: torch.Tensor, moved: torch.Tensor, magnitude: torch.Tensor) -> float:

@@ -12,10 +12,12 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
-# size -> (hidden size, layers, attention heads, MLP width); every size uses a head dimension of 32.
-MODEL_SIZES: dict[str, tuple[int, int, int, int]] = {
-    "tiny": (128, 2, 4, 512),
-    "small": (192, 3, 6, 768),
+# size -> (hidden size, layers, attention heads, key-value heads, MLP width). "0.5b" is Qwen2.5-0.5B's layer shape
+# (its decoder is 358M parameters; the embedded vocabulary keeps the embedding small), for runs on a GPU.
+MODEL_SIZES: dict[str, tuple[int, int, int, int, int]] = {
+    "tiny": (128, 2, 4, 4, 512),
+    "small": (192, 3, 6, 6, 768),
+    "0.5b": (896, 24, 14, 2, 4864),
 }
 MAX_POSITIONS = 128
 
@@ -24,14 +26,14 @@ def tiny_model_config(tokenizer: PreTrainedTokenizerBase, size: str = "tiny") ->
     """A Llama config sized by `size` (a key of MODEL_SIZES) for `tokenizer`'s vocabulary and special tokens."""
     if size not in MODEL_SIZES:
         raise ValueError(f"unknown model size {size!r}; choose one of: {', '.join(MODEL_SIZES)}")
-    hidden, layers, heads, mlp = MODEL_SIZES[size]
+    hidden, layers, heads, kv_heads, mlp = MODEL_SIZES[size]
     return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
         intermediate_size=mlp,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=heads,
+        num_key_value_heads=kv_heads,
         head_dim=hidden // heads,
         max_position_embeddings=MAX_POSITIONS,
         tie_word_embeddings=True,

@@ -198,6 +198,8 @@ def _fused_logprob_gaps(backend, batch) -> tuple[torch.Tensor, torch.Tensor]:
 
     handle = head.register_forward_hook(capture)
     kwargs, targets_at = scored_inputs(batch)
+    device = head.weight.device
+    kwargs = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in kwargs.items()}
     model.eval()
     try:
         with torch.no_grad():
@@ -206,8 +208,9 @@ def _fused_logprob_gaps(backend, batch) -> tuple[torch.Tensor, torch.Tensor]:
         handle.remove()
     temperature = backend.spec.temperature
     logit_gap = tolerances.matmul_gap(seen["hidden"], seen["weight"].T)
-    lp_gap, h_gap = tolerances.log_softmax_gaps(seen["logits"], batch.input_ids[targets_at], temperature, logit_gap)
-    spread = lambda gap: torch.zeros(batch.num_tokens, dtype=torch.float64).index_put((targets_at,), gap)  # noqa: E731
+    lp_gap, h_gap = tolerances.log_softmax_gaps(seen["logits"], batch.input_ids[targets_at].to(device), temperature,
+                                                logit_gap)
+    spread = lambda gap: torch.zeros(batch.num_tokens, dtype=torch.float64).index_put((targets_at,), gap.cpu())  # noqa: E731
     return spread(lp_gap), spread(h_gap)
 
 
