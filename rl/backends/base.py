@@ -59,6 +59,7 @@ class ModelSpec:
     fused_kernels: bool = False  # trainer.policy.use_fused_kernels: loss and logprobs from hidden states, chunked
     fused_chunk_size: int | None = None  # trainer.policy.fused_kernel_chunk_size
     lora: dict | None = None  # trainer.policy.model.lora when rank > 0 (policy only): adapters on the base model
+    freeze_vision_tower: bool = False  # trainer.policy.model.freeze_vision_tower: train the language model only
     sequence_parallel_size: int = 1  # trainer.policy.sequence_parallel_size: Ulysses over groups of this many ranks
     bf16: bool | None = None  # trainer.bf16: bf16 compute, fp32 master weights (`precision.bf16_compute`)
     flash_attn: bool | None = None  # trainer.flash_attn (`hf_model.attention_implementation`)
@@ -98,6 +99,10 @@ class TrainingBackend(abc.ABC):
             from rl.backends.value_head import attach_value_head
 
             attach_value_head(model, self.spec.path)
+        if self.spec.freeze_vision_tower:  # before wrapping: the optimizer is made over what requires grad
+            from rl.backends.multimodal import vision_tower
+
+            vision_tower(model).requires_grad_(False)
         return model
 
     # --- what a strategy implements -------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -24,14 +25,19 @@ _A, _B, _BASE = f".lora_A.{ADAPTER}.weight", f".lora_B.{ADAPTER}.weight", BASE_L
 ALL_LINEAR = "all-linear"
 
 
-def peft_config(options: dict, model_path: str | None = None):
+def peft_config(options: dict, model_path: str | None = None, frozen_prefix: str | None = None):
+    """PEFT's config for `options` (trainer.*.model.lora); `frozen_prefix`: a submodule no adapter goes in (a
+    vision-language model's vision tower), beside the user's exclude_modules."""
     from peft import LoraConfig
 
-    targets = options["target_modules"]
+    targets, excluded = options["target_modules"], options.get("exclude_modules")
+    if frozen_prefix:  # one pattern (PEFT full-matches a string) for both: the prefix, and each excluded name
+        names = "|".join(re.escape(name) for name in excluded or [])
+        excluded = rf"{re.escape(frozen_prefix)}\..*" + (rf"|(.*\.)?({names})" if names else "")
     return LoraConfig(
         r=options["rank"], lora_alpha=options["alpha"], lora_dropout=options["dropout"],
         target_modules=ALL_LINEAR if targets == [ALL_LINEAR] else list(targets),
-        exclude_modules=options.get("exclude_modules"),
+        exclude_modules=excluded,
         init_lora_weights=True if options["init_method"] == "kaiming" else "gaussian",
         task_type="CAUSAL_LM", base_model_name_or_path=model_path,
     )
@@ -55,7 +61,10 @@ def add_lora(model: nn.Module, options: dict, model_path: str, critic: bool = Fa
                              f"{type(model).__name__} has no linear layer "
                              f"named {', '.join(missing)}; its linear layers: {', '.join(sorted(linear_names(model)))}"
                              f" (or [{ALL_LINEAR}])")
-    model.add_adapter(peft_config(options, model_path), adapter_name=ADAPTER)
+    from rl.backends.multimodal import VISION_TOWER, takes_images
+
+    frozen = VISION_TOWER if takes_images(model) else None  # adapters on the language layers only
+    model.add_adapter(peft_config(options, model_path, frozen), adapter_name=ADAPTER)
     if critic:
         model.get_output_embeddings().requires_grad_(True)
 
@@ -118,7 +127,14 @@ CONFIG_FILE = "adapter_config.json"
 
 
 def write_adapter_config(directory: str, options: dict, model_path: str) -> None:
-    peft_config(options, model_path).save_pretrained(directory)  # PEFT's own adapter_config.json
+    """PEFT's own adapter_config.json, with the adapters where `add_lora` put them."""
+    from transformers import AutoConfig
+
+    from rl.backends.multimodal import VISION_TOWER
+    from rl.core.model_class import is_vision_language
+
+    frozen = VISION_TOWER if is_vision_language(AutoConfig.from_pretrained(model_path)) else None
+    peft_config(options, model_path, frozen).save_pretrained(directory)
 
 
 def read_scaling(directory: str) -> float | None:

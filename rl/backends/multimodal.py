@@ -25,6 +25,18 @@ def takes_images(model: nn.Module) -> bool:
     return is_vision_language(getattr(model, "config", None))
 
 
+VISION_TOWER = "model.visual"  # where Qwen2-VL's family keeps its vision encoder and merger (HF names)
+
+
+def vision_tower(model: nn.Module) -> nn.Module:
+    """The vision encoder (patch embedding, blocks, merger) of a Qwen2-VL-family model."""
+    tower = getattr(getattr(model, "model", None), "visual", None)
+    if tower is None:
+        raise ValueError(f"{type(model).__name__} has no vision tower at {VISION_TOWER}; the vision-language "
+                         "models trained here are Qwen2-VL's and Qwen2.5-VL's")
+    return tower
+
+
 def multimodal_kwargs(model: nn.Module, batch: PackedBatch) -> dict[str, Tensor]:
     """`position_ids` (four-row form) and, when the batch has images, `pixel_values` and `image_grid_thw` for
     `model` (the Hugging Face model, unwrapped) over `batch`."""

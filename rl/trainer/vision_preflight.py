@@ -1,7 +1,7 @@
 """What a vision-language policy (Qwen2-VL's family) needs from the rest of the config, checked before anything
 starts. Images reach the model through the hf engine in the driver (`trainer.placement.colocate_all=true`, the
 synchronous schedule) and the strategies whose backends take them (`StrategyConfig.images`), single-turn, with the
-reference model; the parts that do not carry images yet are refused by their key, and so are rows with images for
+reference model, the whole model or its language model (`freeze_vision_tower`, LoRA); the parts that do not carry images yet are refused by their key, and so are rows with images for
 a text model."""
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ def vision_language_problems(cfg) -> list[str]:
              if path and (kind := model_kind(path))]
     kind = model_kind(trainer.policy.model.path)
     if kind is None:
+        if trainer.policy.model.freeze_vision_tower:
+            found.append(f"trainer.policy.model.freeze_vision_tower: is true, but trainer.policy.model.path "
+                         f"{trainer.policy.model.path} is a text model (its config.json has no vision_config): "
+                         "set it to false")
         return found
     what = f"trainer.policy.model.path is a vision-language model ({kind})"
     carrying = [name for name in STRATEGIES.names() if STRATEGIES.get(name).images]
@@ -50,9 +54,6 @@ def vision_language_problems(cfg) -> list[str]:
          "not split: set it to 1"),
         ("trainer.policy.use_fused_kernels", trainer.policy.use_fused_kernels,
          f"is true; {what}, and the fused loss has not been checked against it: set it to false"),
-        ("trainer.policy.model.lora.rank", trainer.policy.model.lora.rank > 0,
-         f"is {trainer.policy.model.lora.rank}; {what}, and LoRA on it (language layers only) is not built yet: "
-         "set it to 0"),
         ("trainer.algorithm.advantage_estimator", trainer.algorithm.advantage_estimator == "gae",
          f"is gae; {what}, and a critic made from it is not built yet: use a critic-free estimator such as grpo"),
     ]

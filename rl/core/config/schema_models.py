@@ -45,7 +45,12 @@ class ModelConfig:
     builds the embedded default job's small model (tokenizer, config and a short supervised warm-up, all local)."""
 
     lora: LoraConfig
-    """LoRA adapters on the policy."""
+    """LoRA adapters on the policy. On a vision-language model they go on the language layers only (the vision
+    tower stays frozen, as the base weights do)."""
+
+    freeze_vision_tower: bool
+    """A vision-language policy (Qwen2-VL's family) trains its language model only: the vision encoder and merger
+    keep their weights (no gradients, no optimizer state). Refused for a text model."""
 
 
 @dataclass(kw_only=True)

@@ -108,8 +108,14 @@ def test_a_text_model_refuses_images(checkpoint, tmp_path):
 
 PORT = 29683
 LR = 1e-2
-STRATEGIES = {"fsdp2": ("fsdp2", None), "fsdp": ("fsdp", None), "zero2": ("deepspeed", None),
-              "zero3": ("deepspeed", {"zero_optimization": {"stage": 3}})}
+ZERO3 = {"zero_optimization": {"stage": 3}}
+LORA = dict(rank=4, alpha=8, dropout=0.0, target_modules=["all-linear"], exclude_modules=["o_proj"],
+            init_method="gaussian", merge_on_export=False)
+# case -> (strategy, backend options, what trains: the whole model, its language model, or LoRA adapters on it)
+STRATEGIES = {"fsdp2": ("fsdp2", None, "whole"), "fsdp": ("fsdp", None, "whole"), "zero2": ("deepspeed", None, "whole"),
+              "zero3": ("deepspeed", ZERO3, "whole"), "fsdp2-frozen-vision": ("fsdp2", None, "language"),
+              "fsdp-frozen-vision": ("fsdp", None, "language"), "zero3-frozen-vision": ("deepspeed", ZERO3, "language"),
+              "fsdp2-lora": ("fsdp2", None, "lora"), "fsdp-lora": ("fsdp", None, "lora")}
 
 
 @pytest.fixture(scope="module")
@@ -124,19 +130,24 @@ def process_group():
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_one_step_matches_plain_torch(checkpoint, process_group, strategy):
-    """One GRPO step of the whole model (vision tower included) through each strategy against the same step of
-    the plain transformers model with torch's AdamW: the loss within the float32 bound of the forward, every
-    weight within Adam's gap of the oracle's gradients (`tolerances.adam_gap`)."""
+    """One GRPO step through each strategy against the same step of the plain transformers model with torch's
+    AdamW, training the whole model (vision tower included), the language model alone
+    (`trainer.policy.model.freeze_vision_tower`), or LoRA adapters on the language layers (PEFT's injection on the
+    oracle, `exclude_modules` honoured beside the vision tower): the loss within the float32 bound of the forward,
+    every trained weight within Adam's gap of the oracle's gradients (`tolerances.adam_gap`), every other weight
+    bit for bit as loaded."""
     from rl.backends.base import ModelSpec
     from rl.backends.registry import build_backend
     from rl.core.algorithms import LossNormalizer, LossSettings
     from tests.testing.backend_steps import oracle_step
 
     path, processor = checkpoint
-    name, options = STRATEGIES[strategy]
+    name, options, trains = STRATEGIES[strategy]
     spec = ModelSpec(path=str(path), role="policy", temperature=1.0, lr=LR, weight_decay=0.0,
-                     backend_options=options, bf16=False)
+                     backend_options=options, bf16=False, freeze_vision_tower=trains == "language",
+                     lora=LORA if trains == "lora" else None)
     backend = build_backend(name, spec, process_group)
+    start = {key: value.clone() for key, value in backend.own_state_dict().items()} if trains == "lora" else None
     items = [encoded(processor, case) for case in CASES]
     g = torch.Generator().manual_seed(0)
     sequences = [{**sequence(item), "advantages": torch.randn(len(item["loss_mask"]), generator=g) * item["loss_mask"],
@@ -148,10 +159,17 @@ def test_one_step_matches_plain_torch(checkpoint, process_group, strategy):
     normalizer = LossNormalizer.from_counts("token_mean", int(batch.loss_mask.sum()), len(CASES))
     got = backend.forward_backward(batch, settings, normalizer)
     backend.optimizer_step()
-    after = backend.full_state_dict()
+    after = backend.own_state_dict() if trains == "lora" else backend.full_state_dict()  # LoRA: adapters unmerged
 
     oracle = load_causal_lm(str(path), torch.device("cpu"))
-    trainable = list(oracle.parameters())
+    if trains == "language":
+        oracle.model.visual.requires_grad_(False)
+    if trains == "lora":
+        from rl.backends.lora import add_lora
+
+        add_lora(oracle, LORA, str(path))
+        oracle.load_state_dict(start)  # the backend's randomly drawn adapters
+    trainable = [p for p in oracle.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=LR, weight_decay=0.0)
     names = {id(p): n for n, p in oracle.named_parameters()}
     grads = {}
@@ -165,13 +183,23 @@ def test_one_step_matches_plain_torch(checkpoint, process_group, strategy):
     rtol = tolerances.network_rtol(reductions, torch.float32)
     scale = float(batch.advantages[batch.loss_mask].abs().mean())
     assert got["loss"] == pytest.approx(loss, rel=rtol, abs=rtol * scale)
-    assert set(after) == set(grads), "every trained weight comes back under its HF name"
+    assert set(after) == set(oracle.state_dict()), "every weight comes back under its HF (or PEFT) name"
     for key, value in oracle.state_dict().items():
+        if key not in grads:
+            assert torch.equal(after[key], value), f"{strategy} {key}: a frozen weight changed"
+            continue
         bound = tolerances.adam_gap([grads[key]], [rtol * grads[key].abs().max()], LR)
         bound += 2 * tolerances.unit_roundoff(torch.float32) * value.abs().double()
         tolerances.assert_within(after[key], value, bound, msg=f"{strategy} {key}")
     visual = [key for key in grads if key.startswith("model.visual.")]
-    assert visual and all(float(grads[key].abs().max()) > 0 for key in visual), "the vision tower trains"
+    if trains == "whole":
+        assert visual and all(float(grads[key].abs().max()) > 0 for key in visual), "the vision tower trains"
+        return
+    assert not visual and grads, "the language model trains, the vision tower does not"
+    if trains == "lora":
+        assert all(".lora_" in key for key in grads), sorted(grads)
+        adapted = {key.split(".lora_")[0].rsplit(".", 1)[-1] for key in grads}
+        assert "q_proj" in adapted and "o_proj" not in adapted, f"exclude_modules is honoured: {sorted(adapted)}"
 
 
 def test_hf_engine_samples_with_images_and_the_trainer_scores_them_alike(checkpoint):

@@ -55,6 +55,9 @@ MACHINE = {
         ("is vllm", "only the hf engine takes")),
     "vision_language_reference": Bad(["trainer.ref.model.path={vlmodel}"], "trainer.ref.model.path",
                                      ("is a vision-language model", "only the policy may be one")),
+    "frozen_vision_tower_of_a_text_model": Bad(["trainer.policy.model.freeze_vision_tower=true"],
+                                               "trainer.policy.model.freeze_vision_tower",
+                                               ("is true", "is a text model", "no vision_config")),
     "cuda_kernels_without_cuda": Bad(["trainer.kernels=cuda"], "trainer.kernels", ("needs a CUDA device",)),
     "engine_argument_unknown_to_vllm": Bad(
         ["generator.backend=vllm", "generator.engine_init_kwargs.enforce_eagr=false"],
