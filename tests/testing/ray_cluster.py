@@ -53,8 +53,9 @@ def shared_ray_address() -> str:
         os.makedirs(get_default_ray_temp_dir(), exist_ok=True)
         try:
             _cluster = Cluster(initialize_head=True, shutdown_at_exit=False,
-                               head_node_args={"num_cpus": LOGICAL_CPUS, "num_gpus": _visible_gpus(), "include_dashboard": False,
-                                               "temp_dir": files, "_system_config": NO_PRESTART})
+                               head_node_args={"num_cpus": LOGICAL_CPUS, "num_gpus": _visible_gpus(),
+                                               "include_dashboard": False, "temp_dir": files,
+                                               "_system_config": NO_PRESTART})
         finally:
             os.environ.clear()
             os.environ.update(saved)
