@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 
 from rl.core.data import PromptRecord
-from rl.core.data.images import IMAGE_PLACEHOLDER
+from rl.core.data.images import image_parts
 from rl.core.images import ImageInputs
 
 
@@ -20,17 +20,7 @@ def image_messages(record: PromptRecord) -> list[dict]:
     if not record.is_chat:
         raise ValueError(f"{record.where}: a prompt with images must be a chat (a list of messages), so the model's "
                          "chat template places the images")
-    messages = []
-    for message in record.messages():
-        pieces = message["content"].split(IMAGE_PLACEHOLDER)
-        parts = []
-        for k, text in enumerate(pieces):
-            if k:
-                parts.append({"type": "image"})
-            if text:
-                parts.append({"type": "text", "text": text})
-        messages.append({"role": message["role"], "content": parts})
-    return messages
+    return image_parts(record.messages())
 
 
 def encode_with_images(processor, record: PromptRecord) -> tuple[list[int], ImageInputs | None]:

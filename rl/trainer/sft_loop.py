@@ -1,5 +1,6 @@
 """The SFT driver: chat-format or prompt/response rows, the loss on assistant tokens (`rl.core.algorithms.sft_loss`)
 through the run's strategy, validation loss on `data.val_data`; the loop itself is `supervised.SupervisedTrainer`.
+A vision-language model's rows may hold images (`rl.core.data.supervised`), encoded with its processor.
 
 With `trainer.policy.model.path=embedded` the run starts from the embedded job's untrained small model and trains
 on its warm-up demonstrations (`rl.tasks.embedded.supervised`), and each evaluation adds the greedy validation
@@ -63,10 +64,12 @@ class SftTrainer(SupervisedTrainer):
             from rl.tasks.embedded.supervised import RESPONSE_KEY
 
             block = dataclasses.replace(block, response_key=RESPONSE_KEY)
+        from rl.trainer.components import image_processor
+
         spec = data_spec("sft", block)
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.train = load_sft_examples(tokenizer, train, spec)
-        self.val = load_sft_examples(tokenizer, val, spec) if val else None
+        encoder = image_processor(model_path) or AutoTokenizer.from_pretrained(model_path)  # images: the processor
+        self.train = load_sft_examples(encoder, train, spec)
+        self.val = load_sft_examples(encoder, val, spec) if val else None
         self.greedy = GreedyCheck(model_path, embedded_validation_rows(cfg.trainer.seed)) if embedded else None
         self.settings = SftLossSettings(loss_reduction=block.loss_reduction)
         print(f"sft: {len(self.train)} training examples, {len(self.val or [])} validation examples", flush=True)

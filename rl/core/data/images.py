@@ -95,3 +95,18 @@ def content_text(parts: list, where: str, turn: int) -> str:
 
 def placeholder_count(texts: list[str]) -> int:
     return sum(text.count(IMAGE_PLACEHOLDER) for text in texts)
+
+
+def image_parts(messages: list[dict]) -> list[dict]:
+    """Messages whose text holds `<image>` marks with each content as parts (text, and an image part at each
+    mark), as a vision-language model's chat template places images."""
+    out = []
+    for message in messages:
+        parts = []
+        for k, text in enumerate(message["content"].split(IMAGE_PLACEHOLDER)):
+            if k:
+                parts.append({"type": "image"})
+            if text:
+                parts.append({"type": "text", "text": text})
+        out.append({"role": message["role"], "content": parts})
+    return out

@@ -3,9 +3,11 @@ assistant turns' tokens (checked against the template's text written out here), 
 `DataError` naming the row and the key that fixes it (the `sft:` / `dpo:` blocks themselves:
 tests/rl/core/config/test_supervised_config.py)."""
 
+import io
 import json
 
 import pytest
+from PIL import Image
 
 from rl.core.data.errors import DataError
 from rl.core.data.readers import RawRow
@@ -84,3 +86,40 @@ def test_files_are_read_with_the_row_named(tmp_path):
     with pytest.raises(DataError, match=r"bad.jsonl line 2: the conversation has no assistant turn"):
         load_sft_examples(TOKENIZER, [path], SPEC)
 
+
+
+def _png(filled: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (56, 28 * filled), (200, 0, 0)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_rows_with_images_encode_through_the_processor_with_their_pixels():
+    """A vision-language SFT row: the ids are the processor's for the whole conversation (each image's placeholder
+    once per merged patch), the mask covers the assistant's tokens only, and the example carries the images' pixel
+    values and grids in order; marks that do not match the images, and images for a text model, are refused."""
+    from rl.tasks.embedded_vl.model import IMAGE_PAD, build_processor
+
+    processor = build_processor()
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many squares?"},
+                                             {"type": "image"}]},
+                {"role": "assistant", "content": "1+1=2 #### 2"}]
+    images = [{"bytes": _png(1)}, {"bytes": _png(2)}]
+    example = sft_example(processor, _row(messages=messages, images=images), SPEC)
+    ids, mask = example["input_ids"].tolist(), example["loss_mask"].tolist()
+    text = ("<|bos|><|user|><|vision_start|><|image_pad|><|vision_end|>How many squares?<|vision_start|>"
+            "<|image_pad|><|vision_end|><|end|><|assistant|>1+1=2 #### 2<|end|>")
+    pixels = [Image.open(io.BytesIO(entry["bytes"])).convert("RGB") for entry in images]
+    oracle = processor(text=[text], images=pixels, return_tensors="pt")
+    assert ids == oracle["input_ids"][0].tolist()
+    pad = processor.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+    assert ids.count(pad) == 2 + 4  # each image's patches merged 2 x 2: 56 x 28 -> 2, 56 x 56 -> 4
+    assert processor.tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m]) == "1+1=2 #### 2<|end|>"
+    assert example["images"].grid_thw.tolist() == oracle["image_grid_thw"].tolist()
+    assert example["images"].pixel_values.equal(oracle["pixel_values"])
+    with pytest.raises(DataError, match=r"data\.jsonl line 3: the conversation marks 2 image\(s\).*but the row has 1"):
+        sft_example(processor, _row(messages=messages, images=images[:1]), SPEC)
+    with pytest.raises(DataError, match=r"data\.jsonl line 3: has 2 image\(s\), but the model is a text model"):
+        sft_example(TOKENIZER, _row(messages=messages, images=images), SPEC)
+    with pytest.raises(DataError, match="a row with images is never cut"):
+        sft_example(processor, _row(messages=messages, images=images), SupervisedDataSpec(max_length=8, truncate=True))
