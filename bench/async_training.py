@@ -46,7 +46,7 @@ LONG_TAIL_MODES = {
 
 
 def run_mode(name: str, overrides: list[str], steps: int, root: str) -> dict:
-    from rl.launch.subprocess_run import run_train
+    from rl.core.subprocess_run import run_train
     from rl.trainer.metrics import read_metrics
 
     run_dir = os.path.join(root, name)

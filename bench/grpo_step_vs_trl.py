@@ -140,7 +140,7 @@ def our_overrides(args: argparse.Namespace, model_path: str, train_path: str, pa
 
 def run_ours(args: argparse.Namespace, model_path: str, train_path: str, workdir: str, packed: bool) -> list[dict]:
     """The launcher in a subprocess; the counted steps' rows of metrics.jsonl."""
-    from rl.launch.subprocess_run import run_train
+    from rl.core.subprocess_run import run_train
 
     run_dir = tempfile.mkdtemp(prefix="ours-", dir=workdir)
     proc = run_train(run_dir, our_overrides(args, model_path, train_path, packed), threads=os.cpu_count() or 1)

@@ -73,7 +73,7 @@ def widen(model_dir: Path) -> None:
 
 def prepare(workdir: Path, seed: int = 42, log=print) -> dict[str, str]:
     """The long-tail job's files under `workdir`: {"model", "train", "val"}; built on the first call."""
-    from rl.launch.subprocess_run import run_train
+    from rl.core.subprocess_run import run_train
     from rl.tasks.embedded.cache import default_cache_dir
     from rl.tasks.embedded.prepare import prepare_embedded_default
 

@@ -149,7 +149,7 @@ def run_once(args: argparse.Namespace, job: Job, strategy: str, run_dir: str) ->
     """The launcher in a subprocess (its own process group, killed afterwards so no Ray process outlives it).
 
     Returns the metrics rows that carry a loss, and None; or no rows and why the run failed."""
-    from rl.launch.subprocess_run import run_train
+    from rl.core.subprocess_run import run_train
 
     try:
         proc = run_train(run_dir, overrides_for(args, job, strategy), threads=os.cpu_count() or 1,

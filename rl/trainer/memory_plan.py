@@ -22,7 +22,7 @@ from rl.backends.planner import (
 from rl.backends.planner.table import breakdown, gib
 from rl.backends.planner.terms import GIB
 from rl.core.config import config_from_dict
-from rl.trainer.sources import EMBEDDED, EMBEDDED_TEACHER
+from rl.trainer.sources import EMBEDDED, EMBEDDED_TEACHER, EMBEDDED_VL
 
 ESCAPE = "trainer.placement.allow_predicted_oom"
 
@@ -32,6 +32,11 @@ def model_config(path: str | None) -> dict[str, Any] | None:
     hub name's from the local Hugging Face cache (no download); None when it cannot be had here."""
     if not path:
         return None
+    if path == EMBEDDED_VL:
+        from rl.tasks.embedded_vl.model import build_tokenizer as vl_tokenizer
+        from rl.tasks.embedded_vl.model import tiny_vl_config
+
+        return tiny_vl_config(vl_tokenizer()).to_dict()
     if path in (EMBEDDED, EMBEDDED_TEACHER):
         from rl.tasks.embedded import Recipe, build_tokenizer, tiny_model_config
 

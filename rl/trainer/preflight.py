@@ -23,7 +23,7 @@ from rl.core.data import DataError, load_prompt_dataset, load_prompt_template, s
 from rl.trainer.agents import agent_problems
 from rl.trainer.companion_models import companion_model_problems
 from rl.trainer.memory_plan import memory_problems
-from rl.trainer.sources import EMBEDDED, EMBEDDED_TEACHER
+from rl.trainer.sources import BUILT_MODELS, EMBEDDED_JOBS
 from rl.trainer.vision_preflight import image_rows_problems, vision_language_problems
 
 
@@ -39,7 +39,7 @@ def _data_problems(cfg, loaded: dict) -> list[str]:
     keys = {"prompt_key": cfg.data.prompt_key, "answer_key": cfg.data.answer_key,
             "env_class_check": env_class_check(cfg), "template": template}
     for key, paths in (("data.train_data", cfg.data.train_data), ("data.val_data", cfg.data.val_data or [])):
-        given = [path for path in paths if path != EMBEDDED]
+        given = [path for path in paths if path not in EMBEDDED_JOBS]
         if not given:
             continue
         try:
@@ -122,7 +122,7 @@ def _model_problems(cfg) -> list[str]:
     paths = {"trainer.policy.model.path": cfg.trainer.policy.model.path,
              "trainer.ref.model.path": cfg.trainer.ref.model.path,
              "trainer.critic.model.path": cfg.trainer.critic.model.path}
-    return [problem for key, path in paths.items() if path and path not in (EMBEDDED, EMBEDDED_TEACHER)
+    return [problem for key, path in paths.items() if path and path not in BUILT_MODELS
             for problem in _model_path_problems(key, path)]
 
 
@@ -227,7 +227,7 @@ def _environment_problems(cfg) -> list[str]:
 
 def model_at_hand(path: str) -> bool:
     """A local model directory, or a hub name in the local cache (not the embedded model, built at the start)."""
-    if path == EMBEDDED:
+    if path in BUILT_MODELS:
         return False
     if _looks_local(path):
         return os.path.isfile(os.path.join(os.path.expanduser(path), "config.json"))

@@ -7,11 +7,14 @@ not carry images yet are refused by their key, and so are rows with images for a
 from __future__ import annotations
 
 from rl.core.config.strategies import STRATEGIES, local_model_config
+from rl.trainer.sources import EMBEDDED_VL
 
 
 def model_kind(path: str) -> str | None:
     """A local model directory's architecture when it is a vision-language model (its config.json has a
-    vision_config), else None."""
+    vision_config), else None; the embedded visual job's model is one."""
+    if path == EMBEDDED_VL:
+        return "Qwen2VLForConditionalGeneration, the embedded visual job's"
     config = local_model_config(path)
     if getattr(config, "vision_config", None) is None:
         return None

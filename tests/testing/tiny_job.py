@@ -43,11 +43,11 @@ def run_train(run_dir: str, overrides: list[str], timeout: int = 600, env_extra:
               own_ray: bool = False, module: str = "rl.launch.train", check: bool = False
               ) -> subprocess.CompletedProcess:
     """The launcher `module` (`rl.launch.train`, or one with its flags: `rl.launch.sft`, `rl.launch.dpo`) in a
-    subprocess on one torch thread per process (`rl.launch.subprocess_run`), joining the test process's Ray cluster
+    subprocess on one torch thread per process (`rl.core.subprocess_run`), joining the test process's Ray cluster
     (`ray_cluster.shared_ray_address`). A run with `env_extra` (which the cluster's workers would not see) or
     `own_ray` starts a Ray instance of its own, as a user's run does. `check`: assert that it succeeded, showing the
     end of its stderr otherwise."""
-    from rl.launch.subprocess_run import run_train as run_launcher
+    from rl.core.subprocess_run import run_train as run_launcher
 
     if not (own_ray or env_extra or any(arg.startswith("--ray_address") for arg in overrides)):
         from tests.testing.ray_cluster import shared_ray_address

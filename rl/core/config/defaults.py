@@ -13,6 +13,9 @@ from rl.core.config.yaml_io import read_yaml
 
 DEFAULTS_PATH = os.path.join(os.path.dirname(__file__), "defaults.yaml")
 EMBEDDED_JOB_PATH = os.path.join(os.path.dirname(__file__), "embedded_job.yaml")
+# a built-in job's model path -> the file of its own settings
+JOB_FILES = {"embedded": EMBEDDED_JOB_PATH,
+             "embedded-vl": os.path.join(os.path.dirname(__file__), "embedded_vl_job.yaml")}
 
 
 @functools.cache
@@ -36,16 +39,17 @@ def default_tree() -> dict[str, Any]:
     return tree
 
 
-def embedded_job_tree() -> dict[str, Any]:
-    """The defaults with embedded_job.yaml's values over them: the settings of the embedded default job."""
-    tree = default_tree()
-    for key, value in flatten(read_yaml(EMBEDDED_JOB_PATH)):
+def embedded_job_tree(job: str = "embedded") -> dict[str, Any]:
+    """The defaults with a built-in job's file (JOB_FILES) over them: the settings of the embedded default job, or
+    of the embedded visual job."""
+    tree, path = default_tree(), JOB_FILES[job]
+    for key, value in flatten(read_yaml(path)):
         *parents, last = key.split(".")
         node = tree
         for segment in parents:
             node = node[segment]
         if last not in node:
-            raise RuntimeError(f"{EMBEDDED_JOB_PATH}: {key} is not a key of defaults.yaml")
+            raise RuntimeError(f"{path}: {key} is not a key of defaults.yaml")
         node[last] = value
     return tree
 

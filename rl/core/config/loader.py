@@ -11,7 +11,7 @@ from typing import Any
 
 from rl.core.config import strategies
 from rl.core.config.convert import build, to_dict
-from rl.core.config.defaults import default_tree, embedded_job_tree
+from rl.core.config.defaults import JOB_FILES, default_tree, embedded_job_tree
 from rl.core.config.dialects import DIALECTS, Item, Report, translate
 from rl.core.config.dialects.nemo_files import read_config_file
 from rl.core.config.errors import Problems
@@ -33,7 +33,6 @@ PATH_KEYS = (
     "trainer.resume_mode",
 )
 """Keys whose values (a path or a list of paths) get `~` expanded."""
-EMBEDDED = "embedded"
 logger = logging.getLogger("rl.core.config")
 
 
@@ -51,15 +50,17 @@ def load_config(
     trainer.strategy). In the file and the overrides, SkyRL's and NeMo RL's keys are read as ours
     (`rl.core.config.dialects`), in the place where they appear. When the layers leave `trainer.policy.model.path` at
     `embedded`, embedded_job.yaml (the embedded default job's learning rate, length and sampling) goes between the
-    defaults and the user's layers. Then `~` in paths is expanded and every check runs; all problems are raised
-    together as one ConfigError. What the dialects did is logged (INFO, logger `rl.core.config`), one line each.
+    defaults and the user's layers (at `embedded-vl`, embedded_vl_job.yaml). Then `~` in paths is expanded and
+    every check runs; all problems are raised together as one ConfigError. What the dialects did is logged (INFO,
+    logger `rl.core.config`), one line each.
     `trainer.strategy=auto` is resolved by `auto` (the launchers pass the memory planner's,
     `rl.trainer.memory_plan.resolve_auto`): it returns the keys of the layout it chose, set before the checks.
     """
     strategies.require_strategies()
     problems, report, tree = _layered(default_tree(), overrides, config_file, strategy)
-    if tree.get("trainer", {}).get("policy", {}).get("model", {}).get("path") == EMBEDDED:
-        problems, report, tree = _layered(embedded_job_tree(), overrides, config_file, strategy)
+    job = tree.get("trainer", {}).get("policy", {}).get("model", {}).get("path")
+    if job in JOB_FILES:
+        problems, report, tree = _layered(embedded_job_tree(job), overrides, config_file, strategy)
     if tree.get("trainer", {}).get("strategy") == strategies.AUTO:
         _resolve_auto(tree, auto, problems, report)
     elif isinstance(tree.get("trainer"), dict) and tree["trainer"].get("auto_choice") is not None:

@@ -1,6 +1,7 @@
 """A per-user cache of the warmed-up embedded model: the warm-up is paid once per machine, not once per run directory.
 
-Where: `$RLPOST_CACHE_DIR`, else `$XDG_CACHE_HOME/rlpost`, else `~/.cache/rlpost`; entries under `embedded/<key>`.
+Where: `$RLPOST_CACHE_DIR`, else `$XDG_CACHE_HOME/rlpost`, else `~/.cache/rlpost`; entries under `embedded/<key>`
+(`embedded-vl/<key>` for the visual task's model, whose sources are its own package's).
 The key digests the recipe (the seed included), the source files that determine the weights and the torch and
 transformers versions, so a change to any of them makes a new entry. An entry is built in a staging directory and
 renamed into place with its marker written last; the marker records the sha256 of every file, checked on each reuse:
@@ -16,7 +17,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 CACHE_ENV = "RLPOST_CACHE_DIR"
@@ -32,14 +33,27 @@ def default_cache_dir() -> Path:
     return Path(base) / "rlpost"
 
 
-def entry_key(recipe, sources: Path = SOURCES) -> str:
+@dataclass(frozen=True)
+class Family:
+    """Which model a cache entry holds: its folder under the cache, and the source files its weights depend on."""
+
+    name: str = "embedded"
+    sources: Path = SOURCES
+    files: tuple[str, ...] = WEIGHT_SOURCES
+
+
+EMBEDDED_FAMILY = Family()
+
+
+def entry_key(recipe, family: Family = EMBEDDED_FAMILY) -> str:
     """Digest of what determines the warmed-up weights: the recipe, the code that builds them, torch and
     transformers."""
     import torch
     import transformers
 
+    sources = family.sources
     digest = hashlib.sha256(json.dumps(asdict(recipe), sort_keys=True).encode())
-    for name in WEIGHT_SOURCES:
+    for name in family.files:
         digest.update(name.encode() + b"\0" + (sources / name).read_bytes() + b"\0")
     digest.update(f"torch {torch.__version__} transformers {transformers.__version__}".encode())
     return digest.hexdigest()[:24]
@@ -72,23 +86,23 @@ def damage(entry: Path, recipe) -> list[str]:
 
 
 def cached_checkpoint(recipe, root: Path, build: Callable[[Path], object],
-                      log: Callable[[str], None] | None) -> Path | None:
+                      log: Callable[[str], None] | None, family: Family = EMBEDDED_FAMILY) -> Path | None:
     """The verified entry for `recipe` under `root`, made with `build(entry)` first where it is missing or damaged
     (`build` stages and renames); None, with a warning, where `root` cannot be written."""
     try:
-        parent = root / "embedded"
+        parent = root / family.name
         parent.mkdir(parents=True, exist_ok=True)
         os.rmdir(tempfile.mkdtemp(prefix=".probe.", dir=parent))
     except OSError as error:
         print(f"warning: embedded model cache {root} cannot be written ({error}); the warm-up runs in the run "
               f"directory (set {CACHE_ENV} to a writable directory to keep it)", file=sys.stderr, flush=True)
         return None
-    entry = parent / entry_key(recipe)
+    entry = parent / entry_key(recipe, family)
     if entry.exists():
         problems = damage(entry, recipe)
         if not problems:
             if log is not None:
-                log(f"embedded default: cached model {entry}")
+                log(f"{family.name}: cached model {entry}")
             return entry
         print(f"embedded model cache: {entry} is damaged ({'; '.join(problems)}); rebuilding it", file=sys.stderr,
               flush=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rl.tasks.embedded.cache import cached_checkpoint, file_digests
+from rl.tasks.embedded.cache import EMBEDDED_FAMILY, Family, cached_checkpoint, file_digests
 from rl.tasks.embedded.model import build_model, save_pretrained_model, tiny_model_config
 from rl.tasks.embedded.task import SPLIT_FILES, make_task_rows, write_task_dataset
 from rl.tasks.embedded.tokenizer import build_tokenizer
@@ -120,11 +120,14 @@ def build_checkpoint(model_dir: Path, recipe: Recipe, log: Callable[[str], None]
     return metrics
 
 
-def copy_from_cache(model_dir: Path, recipe: Recipe, cache_dir: Path, log: Callable[[str], None] | None
+def copy_from_cache(model_dir: Path, recipe, cache_dir: Path, log: Callable[[str], None] | None,
+                    build: Callable[[Path], object] | None = None, family: Family = EMBEDDED_FAMILY
                     ) -> dict[str, float] | None:
-    """Install a copy of the cache's verified entry for `recipe` as `model_dir`; its metrics, or None where the
-    cache cannot be written."""
-    entry = cached_checkpoint(recipe, cache_dir, lambda directory: build_checkpoint(directory, recipe, log), log)
+    """Install a copy of the cache's verified entry for `recipe` as `model_dir` (made by `build`, this job's
+    `build_checkpoint` unless given, under `family`'s folder); its metrics, or None where the cache cannot be
+    written."""
+    build = build or (lambda directory: build_checkpoint(directory, recipe, log))
+    entry = cached_checkpoint(recipe, cache_dir, build, log, family)
     if entry is None:
         return None
     model_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -164,7 +167,7 @@ def warm_up_model(directory: Path, recipe: Recipe, log: Callable[[str], None] | 
     return metrics
 
 
-def install(staging: Path, model_dir: Path, recipe: Recipe) -> None:
+def install(staging: Path, model_dir: Path, recipe) -> None:
     """Rename `staging` to `model_dir`, replacing an older checkpoint there; a matching one built meanwhile wins."""
     if model_dir.exists():
         if read_marker(model_dir).get("recipe") == asdict(recipe):

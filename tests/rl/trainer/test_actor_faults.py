@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rl.launch.subprocess_run import kill_group, start_train
+from rl.core.subprocess_run import kill_group, start_train
 from rl.trainer import checkpoint
 from tests.testing.tiny_job import make_tiny_job
 

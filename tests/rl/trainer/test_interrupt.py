@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rl.launch.subprocess_run import kill_group, start_train
+from rl.core.subprocess_run import kill_group, start_train
 from tests.testing.tiny_job import make_tiny_job
 
 

@@ -55,7 +55,7 @@ def test_a_node_that_leaves_ends_the_run_naming_its_worker(job, tmp_path):
 
     from ray.cluster_utils import Cluster
 
-    from rl.launch.subprocess_run import kill_group, start_train
+    from rl.core.subprocess_run import kill_group, start_train
     from rl.trainer import checkpoint
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 
-from rl.launch.subprocess_run import launcher_command, launcher_env
+from rl.core.subprocess_run import launcher_command, launcher_env
 from rl.trainer.write_faults import describe, write_failed, write_failure
 from tests.testing.tiny_job import make_tiny_job
 

@@ -168,3 +168,9 @@ def test_embedded_job_settings_apply_only_to_the_embedded_model(tmp_path):
     assert load_config([], config_file=str(file)).trainer.max_steps == 3
     file.write_text("trainer:\n  policy:\n    model:\n      path: /models/qwen\n")
     assert load_config([], config_file=str(file)).trainer.policy.optimizer_config.lr == 1e-6
+
+    with open(os.path.join(os.path.dirname(DEFAULTS_PATH), "embedded_vl_job.yaml"), encoding="utf-8") as handle:
+        visual_job = yaml.safe_load(handle)
+    visual = load_config(["trainer.policy.model.path=embedded-vl"])
+    assert visual.trainer.policy.optimizer_config.lr == visual_job["trainer"]["policy"]["optimizer_config"]["lr"]
+    assert visual.generator.n_samples_per_prompt == visual_job["generator"]["n_samples_per_prompt"] == 8

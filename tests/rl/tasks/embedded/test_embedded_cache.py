@@ -79,10 +79,11 @@ def test_the_key_follows_the_seed_the_recipe_and_the_code(tmp_path):
     assert entry_key(recipe) != entry_key(Recipe(seed=SEED, warmup_steps=STEPS + 1))
     sources = tmp_path / "sources"
     shutil.copytree(cache.SOURCES, sources)
-    assert entry_key(recipe, sources) == entry_key(recipe)
+    copy = cache.Family(sources=sources)
+    assert entry_key(recipe, copy) == entry_key(recipe)
     with open(sources / "warmup.py", "a") as code:
         code.write("\n# changed\n")
-    assert entry_key(recipe, sources) != entry_key(recipe)
+    assert entry_key(recipe, copy) != entry_key(recipe)
 
 
 def test_an_unwritable_cache_falls_back_to_the_run_dir_with_a_warning(built, tmp_path, capsys):
