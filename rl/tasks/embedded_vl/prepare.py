@@ -75,7 +75,7 @@ def write_task_data(directory: Path, recipe: VlRecipe) -> tuple[Path, Path]:
 
 def careless_rows(rows: list[dict], share: float, seed: int) -> list[dict]:
     """The rows with a seeded `share` of those whose careless response is wrong answered carelessly."""
-    wrong = [k for k, row in enumerate(rows) if row["careless_response"] != row["reference_response"]]
+    wrong = [k for k, row in enumerate(rows) if row["careless_response"].split()[-1] != row["answer"]]
     chosen = set(random.Random(f"careless-vl/{seed}").sample(wrong, round(share * len(wrong))))
     return [{**row, RESPONSE_KEY: row["careless_response"]} if k in chosen else row for k, row in enumerate(rows)]
 
