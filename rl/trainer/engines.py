@@ -46,12 +46,16 @@ class EngineActor:
         cores = f", CPU cores {list(self.cores)}" if self.cores else ""
         return f"{socket.gethostname()} node {node} pid {os.getpid()} ({self.engine.device}{cores})"
 
-    def generate_versioned(self, prompts: list[list[int]], params: SamplingParams) -> tuple[int, list[Rollout]]:
-        """(the oldest policy version of the weights used, the rollouts)."""
+    def generate_versioned(self, prompts: list[list[int]], params: SamplingParams, images: list | None = None
+                           ) -> tuple[int, list[Rollout]]:
+        """(the oldest policy version of the weights used, the rollouts); `images`: each prompt's (`ImageInputs` or
+        None), for a vision-language model."""
         if not self.segment_tokens:
             if self.updating:
                 raise RuntimeError("generate called in the middle of a weight update (the driver must order them)")
-            return self.version, self.engine.generate(prompts, params)
+            return self.version, self.engine.generate(prompts, params, **({"images": images} if images else {}))
+        if images:
+            raise ValueError("partial rollouts continue prompts segment by segment, which does not carry images yet")
         from rl.core.generation.segments import generate_in_segments
 
         decode = lambda ids: self.engine.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
@@ -153,17 +157,20 @@ class RemoteEngines(GenerationEngine):
         names = [labels[id(a)] for a in (actors or self.actors)]
         return wait_all(refs, names, self.timeout_s)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
-        return self.collect(self.submit(prompts, params))[1]
+    def generate(self, prompts: list[list[int]], params: SamplingParams, images: list | None = None
+                 ) -> list[Rollout]:
+        return self.collect(self.submit(prompts, params, images))[1]
 
-    def submit(self, prompts: list[list[int]], params: SamplingParams) -> list[tuple[int, Any]]:
-        """Starts a call without waiting: the prompts split into contiguous shares, one per engine; returns
-        (first prompt index, pending result) per share."""
+    def submit(self, prompts: list[list[int]], params: SamplingParams, images: list | None = None
+               ) -> list[tuple[int, Any]]:
+        """Starts a call without waiting: the prompts (and their images, each prompt's once) split into contiguous
+        shares, one per engine; returns (first prompt index, pending result) per share."""
         share = -(-len(prompts) // len(self.actors))
         starts = list(range(0, len(prompts), share)) if prompts else []
         with self.gate:
             self.gate.wait_for(lambda: not self.pushing)
-            return [(start, self._generate_call(actor).remote(prompts[start:start + share], params))
+            return [(start, self._generate_call(actor).remote(prompts[start:start + share], params,
+                                                              images[start:start + share] if images else None))
                     for actor, start in zip(self.actors, starts, strict=False)]
 
     def _generate_call(self, actor):

@@ -53,3 +53,32 @@ def test_the_vision_tower_trains_and_the_export_loads_with_its_processor(run):
     visual = [name for name in initial if name.startswith("model.visual.")]
     assert visual and all(not torch.equal(trained[name], initial[name]) for name in visual), "every vision weight moved"
     assert load_processor(str(export)).image_processor.to_dict() == load_processor(str(model)).image_processor.to_dict()
+
+
+def test_engine_actors_sample_with_each_prompts_images(run):
+    """Engines of their own (`trainer.placement.colocate_all=false`): the prompts and each prompt's images split
+    between two hf engine actors sample what the hf engine in this process samples (greedy, same weights)."""
+    import ray
+
+    from rl.core.data import load_prompt_dataset
+    from rl.core.generation import SamplingParams
+    from rl.core.generation.engine import build_engine
+    from rl.trainer.engines import RemoteEngines
+    from rl.trainer.image_prompts import encode_with_images
+    from tests.testing.ray_cluster import shared_ray_address
+
+    model, run_dir = run
+    processor = load_processor(str(model))
+    records = load_prompt_dataset([run_dir / "embedded-vl" / "data" / "validation.parquet"])[:5]
+    prompts, images = zip(*(encode_with_images(processor, record) for record in records), strict=True)
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=16)
+    want = build_engine("hf", str(model), str(model), device="cpu").generate(list(prompts), params,
+                                                                              images=list(images))
+    ray.init(address=shared_ray_address(), log_to_driver=False)
+    try:
+        engines = RemoteEngines("hf", str(model), 2, {"device": "cpu"}, lambda i: {"num_cpus": 0})
+        got = engines.generate(list(prompts), params, images=list(images))
+    finally:
+        ray.shutdown()
+    assert [(r.prompt_index, r.response_ids) for r in got] == [(r.prompt_index, r.response_ids) for r in want]
+    assert all(r.images is not None for r in got), "each rollout carries its prompt's images on to training"
