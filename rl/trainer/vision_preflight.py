@@ -1,8 +1,9 @@
 """What a vision-language policy (Qwen2-VL's family) needs from the rest of the config, checked before anything
 starts. Images reach the model through the hf engine (in the driver, or engine actors of their own with
-`trainer.placement.colocate_all=false`; the synchronous schedule) and the strategies whose backends take them (`StrategyConfig.images`), single-turn, with the
-reference model, training the whole model or its language model (`freeze_vision_tower`, LoRA); the parts that do
-not carry images yet are refused by their key, and so are rows with images for a text model."""
+`trainer.placement.colocate_all=false`; the synchronous schedule) and the strategies whose backends take them
+(`StrategyConfig.images`), single-turn, with the reference model, training the whole model or its language model
+(`freeze_vision_tower`, LoRA); the parts that do not carry images yet are refused by their key, and so are rows with
+images for a text model."""
 
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 
 Layout of `workdir`, as the text job's (`rl.tasks.embedded.prepare`): `data/train.parquet`,
 `data/validation.parquet` (prompt rows with one image each) and `model/` (the checkpoint with its processor's
-files). The warm-up is `rl.launch.sft` (the default strategy, one worker) from the untrained model (the recipe's seed) on
-demonstrations that skip the last quadrant on a `careless_share` of the problems whose last quadrant holds squares,
-so the warmed-up model is careless (greedy validation accuracy about 0.2) and GRPO, rewarded on the final answer,
+files). The warm-up is `rl.launch.sft` (the default strategy, one worker) from the untrained model (the recipe's
+seed) on demonstrations that skip the last quadrant on a `careless_share` of the problems whose last quadrant holds
+squares, so the warmed-up model is careless (greedy validation accuracy 0.1-0.3) and GRPO, rewarded on the final answer,
 has a behaviour to reinforce. Built once per machine in the embedded cache (`embedded-vl/<key>`), checked on reuse.
 """
 
