@@ -112,12 +112,18 @@ def build_checkpoint(model_dir: Path, recipe: Recipe, log: Callable[[str], None]
     staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
     try:
         metrics = warm_up_model(staging, recipe, log)
-        marker = {"recipe": asdict(recipe), "metrics": metrics, "files": file_digests(staging)}
-        (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        install(staging, model_dir, recipe)
+        seal(staging, model_dir, recipe, metrics)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return metrics
+
+
+def seal(staging: Path, model_dir: Path, recipe, metrics: dict[str, float]) -> None:
+    """Write the marker into the built checkpoint `staging` (its recipe, figures and every file's digest), then
+    install it as `model_dir`."""
+    marker = {"recipe": asdict(recipe), "metrics": metrics, "files": file_digests(staging)}
+    (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    install(staging, model_dir, recipe)
 
 
 def copy_from_cache(model_dir: Path, recipe, cache_dir: Path, log: Callable[[str], None] | None,

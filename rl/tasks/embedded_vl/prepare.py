@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rl.tasks.embedded.cache import Family, file_digests
-from rl.tasks.embedded.prepare import MARKER, EmbeddedDefault, copy_from_cache, install, read_marker
+from rl.tasks.embedded.cache import Family
+from rl.tasks.embedded.prepare import EmbeddedDefault, copy_from_cache, read_marker, seal
 
 EMBEDDED_VL = "embedded-vl"
 FAMILY = Family(name=EMBEDDED_VL, sources=Path(__file__).parent, files=("model.py", "prepare.py", "task.py"))
@@ -113,9 +113,7 @@ def build_checkpoint(model_dir: Path, recipe: VlRecipe, log: Callable[[str], Non
         if log is not None:
             log(f"{EMBEDDED_VL}: warm-up loss {losses[0]:.3f} -> {losses[-1]:.3f}, greedy validation accuracy "
                 f"{metrics['val_accuracy']:.3f}")
-        marker = {"recipe": asdict(recipe), "metrics": metrics, "files": file_digests(export)}
-        (export / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        install(export, model_dir, recipe)
+        seal(export, model_dir, recipe, metrics)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return metrics
