@@ -165,8 +165,10 @@ class Trainer:
         self.draw_position = batch.next_position
         return batch
 
-    def encode_batch(self, batch) -> list[list[int]]:
-        return self.prompts.encode_all(batch.records)
+    def encode_batch(self, batch) -> tuple[list[list[int]], list | None]:
+        """The batch's prompts as token ids, and each prompt's images (a vision-language model's; else None)."""
+        prompts = self.prompts.encode_all(batch.records)
+        return prompts, self.prompts.images_of(batch.records)
 
     def step_params(self, step: int):
         return components.sampling_params(self.cfg.generator, _seed(self.cfg, step))
@@ -176,17 +178,19 @@ class Trainer:
         if self.rollout_queue is None:
             self.draw_position = self.position
             batch = self.draw_batch()
-            rollouts, queue_row = self.roll_out(batch.records, self.encode_batch(batch), self.step_params(step)), {}
+            prompts, images = self.encode_batch(batch)
+            rollouts, queue_row = self.roll_out(batch.records, prompts, self.step_params(step), images), {}
         else:
             self.rollout_queue.fill(self.total_steps)
             batch, rollouts, queue_row = self.rollout_queue.take(step)
         self.position = batch.next_position
         return batch.records, rollouts, queue_row
 
-    def roll_out(self, records, prompts: list[list[int]], params) -> list:
-        """Single-turn rollouts, or with `environment.env_class` one multi-turn episode per sample."""
+    def roll_out(self, records, prompts: list[list[int]], params, images: list | None = None) -> list:
+        """Single-turn rollouts (`images`: each prompt's, as encoded), or with `environment.env_class` one
+        multi-turn episode per sample."""
         if self.episodes is None:
-            return self.generate(prompts, params, self.prompts.images_of(records))
+            return self.generate(prompts, params, images)
         return self.episodes.run(self.generate, records, prompts, params)
 
     def reward_of(self, records, rollouts) -> tuple[torch.Tensor, dict[str, float]]:
@@ -319,7 +323,8 @@ class Trainer:
         gen = self.cfg.generator
         records = list(self.val_set)
         prompts = self.prompts.encode_all(records)
-        rollouts = self.roll_out(records, prompts, components.sampling_params(gen, _seed(self.cfg, step), True))
+        rollouts = self.roll_out(records, prompts, components.sampling_params(gen, _seed(self.cfg, step), True),
+                                 self.prompts.images_of(records))
         rewards, _ = self.reward_of(records, rollouts)
         k = gen.eval_n_samples_per_prompt
         row = {"val_accuracy": float(rewards.mean())}
@@ -330,7 +335,7 @@ class Trainer:
     def queue_jobs(self):
         """How the rollout queue generates a batch: one engine call, or the batch's episodes in a thread."""
         if self.episodes is None:
-            return SingleTurnJobs(self.engine)
+            return SingleTurnJobs(self.engine, self.prompts.images_of)
         return EpisodeJobs(self.engine, self.episodes, self.cfg.trainer.fully_async.max_staleness_steps + 1)
 
     def close(self) -> None:

@@ -37,16 +37,18 @@ class QueuedBatch:
     prompts: list[list[int]]
     params: Any
     pending: list
+    images: list | None = None  # each prompt's, as encoded (kept for a stale batch's second call)
 
 
 class SingleTurnJobs:
-    """A batch's rollouts as one engine call per engine share: submitted, collected later."""
+    """A batch's rollouts as one engine call per engine share (with each prompt's images, a vision-language
+    model's): submitted, collected later."""
 
     def __init__(self, engines):
         self.engines = engines
 
-    def submit(self, batch: PromptBatch, prompts: list[list[int]], params) -> list:
-        return self.engines.submit(prompts, params)
+    def submit(self, batch: PromptBatch, prompts: list[list[int]], params, images: list | None = None) -> list:
+        return self.engines.submit(prompts, params, images)
 
     def collect(self, pending: list) -> tuple[list[int], list]:
         return self.engines.collect(pending)
@@ -63,7 +65,9 @@ class EpisodeJobs:
         self.engines, self.episodes = engines, episodes
         self.threads = ThreadPoolExecutor(max_workers=max_batches, thread_name_prefix="episodes")
 
-    def submit(self, batch: PromptBatch, prompts: list[list[int]], params) -> Future:
+    def submit(self, batch: PromptBatch, prompts: list[list[int]], params, images: list | None = None) -> Future:
+        if images:
+            raise ValueError("multi-turn episodes do not carry images yet")
         versions: list[int] = []
 
         def generate(turn_prompts: list[list[int]], turn_params) -> list:
@@ -81,10 +85,12 @@ class EpisodeJobs:
 
 
 class RolloutQueue:
-    def __init__(self, jobs, draw: Callable[[], PromptBatch], encode: Callable[[PromptBatch], list[list[int]]],
-                 params: Callable[[int], Any], max_staleness_steps: int):
+    def __init__(self, jobs, draw: Callable[[], PromptBatch],
+                 encode: Callable[[PromptBatch], tuple[list[list[int]], list | None]], params: Callable[[int], Any],
+                 max_staleness_steps: int):
         """`jobs` generate a batch (`SingleTurnJobs`, `EpisodeJobs`); `draw()` the next prompt batch, `encode(batch)`
-        its prompts as token ids, `params(step)` the sampling parameters of a step (its seed)."""
+        its prompts as token ids and each prompt's images (None without), `params(step)` the sampling parameters of
+        a step (its seed)."""
         self.jobs, self.draw, self.encode, self.params = jobs, draw, encode, params
         self.bound = max_staleness_steps
         self.queue: deque[QueuedBatch] = deque()
@@ -101,9 +107,10 @@ class RolloutQueue:
 
     def _submit(self) -> None:
         batch = self.draw()
-        prompts = self.encode(batch)
+        prompts, images = self.encode(batch)
         params = self.params(self.next_step)
-        self.queue.append(QueuedBatch(self.next_step, batch, prompts, params, self.jobs.submit(batch, prompts, params)))
+        self.queue.append(QueuedBatch(self.next_step, batch, prompts, params,
+                                      self.jobs.submit(batch, prompts, params, images), images))
         self.next_step += 1
 
     def take(self, step: int) -> tuple[PromptBatch, list, dict[str, float]]:
@@ -119,7 +126,7 @@ class RolloutQueue:
             if lag <= self.bound:
                 break
             dropped += len(rollouts)  # older than the bound: generate these prompts again with current weights
-            queued.pending = self.jobs.submit(queued.batch, queued.prompts, queued.params)
+            queued.pending = self.jobs.submit(queued.batch, queued.prompts, queued.params, queued.images)
         row = {"policy_lag": float(lag), "stale_dropped": float(dropped), "queue_wait_s": time.perf_counter() - started,
                "queued_batches": float(len(self.queue))}
         return queued.batch, rollouts, {**row, **partial_rollout_metrics(rollouts, step)}

@@ -1,9 +1,9 @@
 """What a vision-language policy (Qwen2-VL's family) needs from the rest of the config, checked before anything
 starts. Images reach the model through the hf engine (in the driver, or engine actors of their own with
-`trainer.placement.colocate_all=false`; the synchronous schedule) and the strategies whose backends take them
-(`StrategyConfig.images`), single-turn, with the reference model, training the whole model or its language model
-(`freeze_vision_tower`, LoRA); the parts that do not carry images yet are refused by their key, and so are rows with
-images for a text model."""
+`trainer.placement.colocate_all=false`; synchronous, or `trainer.fully_async` with whole calls) and the strategies
+whose backends take them (`StrategyConfig.images`), single-turn, with the reference model, training the whole model
+or its language model (`freeze_vision_tower`, LoRA); the parts that do not carry images yet are refused by their key,
+and so are rows with images for a text model."""
 
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ def vision_language_problems(cfg) -> list[str]:
          "of them"),
         ("generator.backend", gen.backend != "hf", f"is {gen.backend}; {what}, whose images only the hf engine takes "
                                                    "so far: set generator.backend=hf"),
-        ("trainer.fully_async.enabled", trainer.fully_async.enabled,
-         f"is true; {what}, whose rollouts are generated synchronously so far: set it to false"),
+        ("trainer.fully_async.partial_rollout_tokens", trainer.fully_async.partial_rollout_tokens > 0,
+         f"is {trainer.fully_async.partial_rollout_tokens}; {what}, and partial rollouts continue prompts segment "
+         "by segment, which does not carry images yet: set it to 0 (whole calls)"),
         ("environment.env_class", env.env_class is not None,
          f"is {env.env_class}; {what}, whose episodes are single-turn so far: leave it unset"),
         ("environment.agent_fn", env.agent_fn is not None,

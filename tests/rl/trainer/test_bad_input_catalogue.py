@@ -55,6 +55,10 @@ MACHINE = {
         ("is vllm", "only the hf engine takes")),
     "vision_language_reference": Bad(["trainer.ref.model.path={vlmodel}"], "trainer.ref.model.path",
                                      ("is a vision-language model", "only the policy may be one")),
+    "vision_language_partial_rollouts": Bad(
+        ["trainer.policy.model.path={vlmodel}", "trainer.fully_async.enabled=true",
+         "trainer.fully_async.partial_rollout_tokens=8", "trainer.placement.colocate_all=false"],
+        "trainer.fully_async.partial_rollout_tokens", ("is 8", "does not carry images yet")),
     "frozen_vision_tower_of_a_text_model": Bad(["trainer.policy.model.freeze_vision_tower=true"],
                                                "trainer.policy.model.freeze_vision_tower",
                                                ("is true", "is a text model", "no vision_config")),

@@ -57,14 +57,16 @@ def test_the_vision_tower_trains_and_the_export_loads_with_its_processor(run):
 
 def test_engine_actors_sample_with_each_prompts_images(run):
     """Engines of their own (`trainer.placement.colocate_all=false`): the prompts and each prompt's images split
-    between two hf engine actors sample what the hf engine in this process samples (greedy, same weights)."""
+    between two hf engine actors sample what the hf engine in this process samples (greedy, same weights), called
+    directly and through the rollout queue of `trainer.fully_async` (which keeps a batch's images with it)."""
     import ray
 
-    from rl.core.data import load_prompt_dataset
+    from rl.core.data import BatchPosition, PromptBatch, load_prompt_dataset
     from rl.core.generation import SamplingParams
     from rl.core.generation.engine import build_engine
     from rl.trainer.engines import RemoteEngines
     from rl.trainer.image_prompts import encode_with_images
+    from rl.trainer.rollout_queue import RolloutQueue, SingleTurnJobs
     from tests.testing.ray_cluster import shared_ray_address
 
     model, run_dir = run
@@ -78,7 +80,15 @@ def test_engine_actors_sample_with_each_prompts_images(run):
     try:
         engines = RemoteEngines("hf", str(model), 2, {"device": "cpu"}, lambda i: {"num_cpus": 0})
         got = engines.generate(list(prompts), params, images=list(images))
+        batch = PromptBatch(tuple(records), BatchPosition(0, 0), BatchPosition(0, len(records)))
+        queue = RolloutQueue(SingleTurnJobs(engines), lambda: batch, lambda _: (list(prompts), list(images)),
+                             lambda step: params, max_staleness_steps=0)
+        queue.start(1, engine_version=0)
+        queue.fill(1)
+        queued = queue.take(1)[1]
     finally:
         ray.shutdown()
-    assert [(r.prompt_index, r.response_ids) for r in got] == [(r.prompt_index, r.response_ids) for r in want]
-    assert all(r.images is not None for r in got), "each rollout carries its prompt's images on to training"
+    expected = [(r.prompt_index, r.response_ids) for r in want]
+    assert [(r.prompt_index, r.response_ids) for r in got] == expected
+    assert [(r.prompt_index, r.response_ids) for r in queued] == expected
+    assert all(r.images is not None for r in got + queued), "each rollout carries its prompt's images to training"
