@@ -335,7 +335,7 @@ class Trainer:
     def queue_jobs(self):
         """How the rollout queue generates a batch: one engine call, or the batch's episodes in a thread."""
         if self.episodes is None:
-            return SingleTurnJobs(self.engine, self.prompts.images_of)
+            return SingleTurnJobs(self.engine)
         return EpisodeJobs(self.engine, self.episodes, self.cfg.trainer.fully_async.max_staleness_steps + 1)
 
     def close(self) -> None:
