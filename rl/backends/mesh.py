@@ -25,5 +25,6 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def sharded_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The blocks a sharding strategy wraps one by one: the decoder's, and a vision tower's (`model.visual`)."""
-    visual = getattr(getattr(model, "model", None), "visual", None)  # multimodal.vision_tower, where there is one
-    return decoder_layers(model) + list(getattr(visual, "blocks", []))
+    from rl.backends.multimodal import vision_tower
+
+    return decoder_layers(model) + list(getattr(vision_tower(model, required=False), "blocks", []))

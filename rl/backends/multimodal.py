@@ -28,10 +28,11 @@ def takes_images(model: nn.Module) -> bool:
 VISION_TOWER = "model.visual"  # where Qwen2-VL's family keeps its vision encoder and merger (HF names)
 
 
-def vision_tower(model: nn.Module) -> nn.Module:
-    """The vision encoder (patch embedding, blocks, merger) of a Qwen2-VL-family model."""
+def vision_tower(model: nn.Module, required: bool = True) -> nn.Module | None:
+    """The vision encoder (patch embedding, blocks, merger) of a Qwen2-VL-family model; for a model without one,
+    None where not `required`."""
     tower = getattr(getattr(model, "model", None), "visual", None)
-    if tower is None:
+    if tower is None and required:
         raise ValueError(f"{type(model).__name__} has no vision tower at {VISION_TOWER}; the vision-language "
                          "models trained here are Qwen2-VL's and Qwen2.5-VL's")
     return tower

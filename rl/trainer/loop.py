@@ -166,9 +166,12 @@ class Trainer:
         return batch
 
     def encode_batch(self, batch) -> tuple[list[list[int]], list | None]:
-        """The batch's prompts as token ids, and each prompt's images (a vision-language model's; else None)."""
-        prompts = self.prompts.encode_all(batch.records)
-        return prompts, self.prompts.images_of(batch.records)
+        return self.encode(batch.records)
+
+    def encode(self, records) -> tuple[list[list[int]], list | None]:
+        """The records' prompts as token ids, and each prompt's images (a vision-language model's; else None)."""
+        prompts = self.prompts.encode_all(records)
+        return prompts, self.prompts.images_of(records)
 
     def step_params(self, step: int):
         return components.sampling_params(self.cfg.generator, _seed(self.cfg, step))
@@ -322,9 +325,9 @@ class Trainer:
         val_pass@k and val_mean@k."""
         gen = self.cfg.generator
         records = list(self.val_set)
-        prompts = self.prompts.encode_all(records)
+        prompts, images = self.encode(records)
         rollouts = self.roll_out(records, prompts, components.sampling_params(gen, _seed(self.cfg, step), True),
-                                 self.prompts.images_of(records))
+                                 images)
         rewards, _ = self.reward_of(records, rollouts)
         k = gen.eval_n_samples_per_prompt
         row = {"val_accuracy": float(rewards.mean())}

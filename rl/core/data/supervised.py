@@ -165,7 +165,8 @@ def sft_example(encoder, row: RawRow, spec: SupervisedDataSpec, directory: Path 
                 ) -> dict[str, torch.Tensor]:
     """One row as {input_ids, loss_mask} (and `images` where it has some): from `messages_key`, else `prompt_key` +
     `response_key`. `encoder`: the tokenizer, or a vision-language model's processor."""
-    messages, images = sft_messages(row, spec), sft_images(row, spec, directory)
+    messages = sft_messages(row, spec)
+    images = sft_images(row, messages, directory)
     if images and not hasattr(encoder, "image_processor"):
         raise DataError(f"{row.where}: has {len(images)} image(s), but the model is a text model (no image "
                         "processor); point trainer.policy.model.path at a vision-language model (Qwen2-VL, "
@@ -175,10 +176,10 @@ def sft_example(encoder, row: RawRow, spec: SupervisedDataSpec, directory: Path 
     return _example(ids, mask, spec, row.where, render.inputs)
 
 
-def sft_images(row: RawRow, spec: SupervisedDataSpec, directory: Path) -> tuple[bytes, ...]:
-    """The row's images (each checked), as many as the conversation's image marks."""
+def sft_images(row: RawRow, messages: list[dict], directory: Path) -> tuple[bytes, ...]:
+    """The row's images (each checked), as many as its conversation's (`sft_messages`) image marks."""
     images = row_images(row.values, row.where, directory)
-    marks = placeholder_count([m["content"] for m in sft_messages(row, spec)])
+    marks = placeholder_count([m["content"] for m in messages])
     if marks != len(images):
         raise DataError(f"{row.where}: the conversation marks {marks} image(s) ({{\"type\": \"image\"}} parts or "
                         f"{IMAGE_PLACEHOLDER}) but the row has {len(images)}; give one mark per image, in order")
@@ -257,7 +258,7 @@ def check_rows(paths: Sequence[str | Path], spec: SupervisedDataSpec, paired: bo
         if paired:
             preference_conversations(row, spec)
         else:
-            sft_images(row, spec, directory)
+            sft_images(row, sft_messages(row, spec), directory)
     return len(rows)
 
 

@@ -140,7 +140,6 @@ def greedy_accuracy(model_path: Path, rows: list[dict]) -> float:
     import torch
     from PIL import Image
 
-    from rl.core.data.images import image_parts
     from rl.core.model_class import load_generative
     from rl.core.processors import load_processor
     from rl.tasks.embedded_vl.model import VISION_TOKENS
@@ -151,9 +150,7 @@ def greedy_accuracy(model_path: Path, rows: list[dict]) -> float:
     never = [[token] for token in processor.tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))]
     correct = 0.0
     for row in rows:
-        messages = [{"role": m["role"], "content": "".join("<image>" if p["type"] == "image" else p["text"]
-                                                           for p in m["content"])} for m in row["prompt"]]
-        text = processor.apply_chat_template(image_parts(messages), add_generation_prompt=True, tokenize=False)
+        text = processor.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
         images = [Image.open(io.BytesIO(entry["bytes"])).convert("RGB") for entry in row["images"]]
         inputs = processor(text=[text], images=images, return_tensors="pt")
         with torch.no_grad():
