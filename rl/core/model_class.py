@@ -10,6 +10,18 @@ def is_vision_language(config) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
+VISION_TOKENS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+
+
+def vision_token_ids(config) -> tuple[int, ...]:
+    """The token ids of a vision-language config (an HF config or its config.json as a dict) that only the processor
+    writes (placeholders, vision start and end): an engine never samples them. Empty for a text model."""
+    get = config.get if isinstance(config, dict) else (lambda name: getattr(config, name, None))
+    if get("vision_config") is None:
+        return ()
+    return tuple(token for name in VISION_TOKENS if (token := get(name)) is not None)
+
+
 def generative_class(config):
     """The auto class that builds a generating model of `config`: image-text-to-text for a vision-language model,
     causal LM otherwise."""

@@ -34,4 +34,4 @@ def encode_with_images(processor, record: PromptRecord) -> tuple[list[int], Imag
     text = processor.apply_chat_template(image_messages(record), add_generation_prompt=True, tokenize=False)
     images = [Image.open(io.BytesIO(data)).convert("RGB") for data in record.images]
     out = processor(text=[text], images=images, return_tensors="pt")
-    return out["input_ids"][0].tolist(), ImageInputs(out["pixel_values"], out["image_grid_thw"])
+    return out["input_ids"][0].tolist(), ImageInputs(out["pixel_values"], out["image_grid_thw"], tuple(record.images))

@@ -1,5 +1,5 @@
 """What a vision-language policy (Qwen2-VL's family) needs from the rest of the config, checked before anything
-starts. Images reach the model through the hf engine (in the driver, or engine actors of their own with
+starts. Images reach the model through the hf or the vllm engine (in the driver, or engine actors of their own with
 `trainer.placement.colocate_all=false`; synchronous, or `trainer.fully_async` with whole calls) and the strategies
 whose backends take them (`StrategyConfig.images`), single-turn, with the reference model, training the whole model
 or its language model (`freeze_vision_tower`, LoRA); the parts that do not carry images yet are refused by their key,
@@ -23,7 +23,7 @@ def model_kind(path: str) -> str | None:
 
 
 def vision_language_problems(cfg) -> list[str]:
-    trainer, gen, env = cfg.trainer, cfg.generator, cfg.environment
+    trainer, env = cfg.trainer, cfg.environment
     found = [f"{key}: {path} is a vision-language model ({kind}); only the policy may be one (the reference is the "
              "policy's own starting weights): point it at a text model or leave it unset"
              for key, path in (("trainer.ref.model.path", trainer.ref.model.path),
@@ -42,8 +42,6 @@ def vision_language_problems(cfg) -> list[str]:
         ("trainer.strategy", trainer.strategy not in carrying,
          f"is {trainer.strategy}; {what}, whose images only the backends of {', '.join(carrying)} take: pick one "
          "of them"),
-        ("generator.backend", gen.backend != "hf", f"is {gen.backend}; {what}, whose images only the hf engine takes "
-                                                   "so far: set generator.backend=hf"),
         ("trainer.fully_async.partial_rollout_tokens", trainer.fully_async.partial_rollout_tokens > 0,
          f"is {trainer.fully_async.partial_rollout_tokens}; {what}, and partial rollouts continue prompts segment "
          "by segment, which does not carry images yet: set it to 0 (whole calls)"),

@@ -3,6 +3,8 @@
 Run by the base interpreter with the standard library only. Every package comes from the lock with its sha256
 (`pip --require-hashes --no-deps`): nothing else is resolved. Wheels are installed first; source-only packages
 (deepspeed, antlr4-python3-runtime) are then built without isolation against the setuptools and torch just installed.
+Beside a CPU torch, torchvision_cpu.py (next to this file) goes into site-packages with a `.pth` line that imports it,
+so PyPI's CUDA-built torchvision imports there.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -83,12 +86,27 @@ def build_env(lock_path: str, venv_dir: str, sdist_packages: set[str]) -> None:
         # run initializes: build that one now. Built wheels depend on these variables, so pip's cache is bypassed.
         pip_install(python, sdists, lock_path, ["--no-build-isolation", "--no-cache-dir"],
                     {"DS_BUILD_OPS": "0", "DS_BUILD_SHM_COMM": "1"})
+    if _cpu_torch_with_torchvision(wheels):
+        _install_torchvision_cpu(python)
     check = subprocess.run([sys.executable, "-m", "pip", "--python", python, "check"], capture_output=True, text=True)
     problems = [line for line in check.stdout.splitlines() if line.strip() and not _allowed(line, excluded)]
     if check.returncode != 0 and (problems or check.stderr.strip()):
         raise EnvError(f"pip check found inconsistent requirements in {lock_path}:\n" + "\n".join(problems)
                        + check.stderr)
     print(f"installed {len(wheels) + len(sdists)} packages from {lock_path} into {venv_dir}")
+
+
+def _cpu_torch_with_torchvision(lines: list[str]) -> bool:
+    names = {line.split("==")[0].lower(): line.split()[0] for line in lines}
+    return "torchvision" in names and names.get("torch", "").endswith("+cpu")
+
+
+def _install_torchvision_cpu(python: str) -> None:
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchvision_cpu.py"), site)
+    with open(os.path.join(site, "torchvision_cpu.pth"), "w") as f:
+        f.write("import torchvision_cpu\n")
 
 
 def main() -> int:

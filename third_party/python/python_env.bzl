@@ -21,7 +21,8 @@ def _python_env_impl(rctx):
         fail("python_env: RL_PYTHON_LOCK must be 'cpu' or 'gpu', got '%s'" % flavour)
     lock = rctx.path(rctx.attr.lock if flavour == "cpu" else rctx.attr.gpu_lock)
     version = _run(rctx, [python, "-c", "import sys; print(sys.version)"], "reading the interpreter version")
-    rctx.file("lock_key.txt", rctx.read(lock) + version + flavour + rctx.read(rctx.attr._installer))
+    rctx.file("lock_key.txt", rctx.read(lock) + version + flavour + rctx.read(rctx.attr._installer) +
+                              rctx.read(rctx.attr._torchvision_cpu))
     venv = str(rctx.path("venv-" + _run(rctx, ["sha256sum", "lock_key.txt"], "hashing the lock")[:12]))
 
     rctx.report_progress("installing the pinned environment from " + lock.basename)
@@ -48,6 +49,7 @@ python_env = repository_rule(
         "sdist_packages": attr.string_list(doc = "Packages published only as source, built without isolation."),
         "_build_tpl": attr.label(default = "//third_party/python:python_env.BUILD.tpl"),
         "_installer": attr.label(default = "//third_party/python:install_env.py"),
+        "_torchvision_cpu": attr.label(default = "//third_party/python:torchvision_cpu.py"),
     },
     environ = ["RL_PYTHON_LOCK"],
 )

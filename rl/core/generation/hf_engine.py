@@ -15,9 +15,8 @@ from rl.core.generation.sampling import recording_processors
 from rl.core.generation.sequences import cut_at_stop, cut_at_stop_string, left_pad
 from rl.core.generation.weights import copy_named_tensors
 from rl.core.images import ImageInputs
-from rl.core.model_class import is_vision_language, load_generative
+from rl.core.model_class import is_vision_language, load_generative, vision_token_ids
 
-VISION_TOKENS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 """A vision-language model's tokens that only its processor writes: never sampled (`sampling.NeverSample`)."""
 
 
@@ -103,9 +102,7 @@ class HFGenerationEngine(GenerationEngine):
         self.pad_token_id: int = pad if pad is not None else (self.eos_token_id or 0)
         self.vocab_size: int = self.model.get_input_embeddings().num_embeddings
         self.takes_images = is_vision_language(self.model.config)
-        self.never_sampled = tuple(token for name in VISION_TOKENS
-                                   if (token := getattr(self.model.config, name, None)) is not None
-                                   ) if self.takes_images else ()
+        self.never_sampled = vision_token_ids(self.model.config)
         self.offloaded = False
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,

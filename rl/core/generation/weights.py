@@ -79,22 +79,21 @@ def check_named_shapes(known: dict[str, tuple[int, ...]], named_shapes: Iterable
         raise ValueError("; ".join(problems))
 
 
-def checkpoint_shapes(directory: str) -> dict[str, tuple[int, ...]]:
-    """Every tensor name and shape of a Hugging Face safetensors checkpoint directory, with `lm_head.weight` for
-    tied embeddings (the trainer sends it; checkpoints may leave it out)."""
-    import glob
-    import json
-    import os
+def model_shapes(directory: str) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    """(every state_dict name and shape, each tied alias by the name it shares a tensor with) of the transformers
+    model a checkpoint directory builds, made on the meta device (no memory): the names a trainer sends, which the
+    checkpoint's files may spell otherwise (transformers renames Qwen2-VL's stored `visual.*` to `model.visual.*`
+    as it loads)."""
+    from transformers import AutoConfig
 
-    from safetensors import safe_open
+    from rl.core.model_class import generative_class
 
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118  (safe_open has no __iter__)
-                shapes[name] = tuple(f.get_slice(name).get_shape())
-    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
-        tied = json.load(f).get("tie_word_embeddings", False)
-    if tied and "model.embed_tokens.weight" in shapes:
-        shapes.setdefault("lm_head.weight", shapes["model.embed_tokens.weight"])
-    return shapes
+    config = AutoConfig.from_pretrained(directory)
+    with torch.device("meta"):
+        model = generative_class(config).from_config(config)
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if first.setdefault(id(param), name) != name:
+            aliases[first[id(param)]] = name
+    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}, aliases

@@ -33,7 +33,7 @@ CHAT_TEMPLATE = (
 )
 PATCH, MERGE, FRAMES = 14, 2, 2  # Qwen2-VL's patch size, spatial merge and temporal patch
 MIN_PIXELS, MAX_PIXELS = 28 * 28, 112 * 112
-HIDDEN, LAYERS, HEADS, MLP = 64, 2, 4, 256
+HIDDEN, LAYERS, HEADS, MLP = 64, 2, 2, 256  # head_dim 32: vLLM's CPU attention takes no smaller
 VISION_WIDTH, VISION_DEPTH, VISION_HEADS = 32, 2, 2
 MAX_POSITIONS = 256
 

@@ -40,7 +40,7 @@ class VlRecipe:
     careless_share: float = 0.75
     n_train: int = 2000
     n_val: int = 64
-    version: int = 1
+    version: int = 2  # 2: head_dim 32
 
 
 def prepare_embedded_vl(workdir: str | Path, seed: int = VlRecipe.seed, log: Callable[[str], None] | None = print,

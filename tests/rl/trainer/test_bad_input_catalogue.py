@@ -50,9 +50,6 @@ MACHINE = {
     "vision_language_model_on_megatron": Bad(
         ["trainer.policy.model.path={vlmodel}", "trainer.strategy=megatron"], "trainer.strategy",
         ("is megatron", "is a vision-language model (Qwen2VLForConditionalGeneration)", "deepspeed, fsdp, fsdp2 take")),
-    "vision_language_model_on_vllm": Bad(
-        ["trainer.policy.model.path={vlmodel}", "generator.backend=vllm"], "generator.backend",
-        ("is vllm", "only the hf engine takes")),
     "vision_language_reference": Bad(["trainer.ref.model.path={vlmodel}"], "trainer.ref.model.path",
                                      ("is a vision-language model", "only the policy may be one")),
     "vision_language_partial_rollouts": Bad(

