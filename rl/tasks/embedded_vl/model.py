@@ -13,7 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+from transformers import (
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+)
 
 from rl.core.processors import image_text_processor
 from rl.tasks.embedded.tokenizer import build_tokenizer as build_embedded_tokenizer
@@ -52,7 +59,10 @@ def build_processor(tokenizer: PreTrainedTokenizerBase | None = None):
     return image_text_processor(images, tokenizer, tokenizer.chat_template)
 
 
-def tiny_vl_config(tokenizer: PreTrainedTokenizerBase) -> Qwen2VLConfig:
+def tiny_vl_config(tokenizer: PreTrainedTokenizerBase, family: str = "qwen2_vl") -> Qwen2VLConfig | Qwen2_5_VLConfig:
+    """The embedded visual task's model shape (`family` "qwen2_vl"); "qwen2_5_vl" gives Qwen2.5-VL's architecture
+    at the same sizes (its vision tower's window attention over windows of 2 x 2 merged patches, full attention in
+    the last block), for the tests of that family."""
     head_dim = HIDDEN // HEADS
     third = head_dim // 2 // 3  # M-RoPE splits the head's rotary half into time, height and width sections
     text = dict(vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=MLP, num_hidden_layers=LAYERS,
@@ -61,18 +71,29 @@ def tiny_vl_config(tokenizer: PreTrainedTokenizerBase) -> Qwen2VLConfig:
                                  "mrope_section": [head_dim // 2 - 2 * third, third, third]},
                 bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                 pad_token_id=tokenizer.pad_token_id)
-    vision = dict(depth=VISION_DEPTH, embed_dim=VISION_WIDTH, hidden_size=HIDDEN, num_heads=VISION_HEADS,
-                  mlp_ratio=2, patch_size=PATCH, spatial_merge_size=MERGE, temporal_patch_size=FRAMES)
     ids = tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))
-    return Qwen2VLConfig(text_config=text, vision_config=vision, vision_start_token_id=ids[0], image_token_id=ids[1],
-                         vision_end_token_id=ids[2], video_token_id=ids[3], tie_word_embeddings=False)
+    tokens = dict(vision_start_token_id=ids[0], image_token_id=ids[1], vision_end_token_id=ids[2],
+                  video_token_id=ids[3], tie_word_embeddings=False)
+    if family == "qwen2_vl":
+        vision = dict(depth=VISION_DEPTH, embed_dim=VISION_WIDTH, hidden_size=HIDDEN, num_heads=VISION_HEADS,
+                      mlp_ratio=2, patch_size=PATCH, spatial_merge_size=MERGE, temporal_patch_size=FRAMES)
+        return Qwen2VLConfig(text_config=text, vision_config=vision, **tokens)
+    if family == "qwen2_5_vl":
+        vision = dict(depth=VISION_DEPTH, hidden_size=VISION_WIDTH, intermediate_size=2 * VISION_WIDTH,
+                      out_hidden_size=HIDDEN, num_heads=VISION_HEADS, patch_size=PATCH, spatial_merge_size=MERGE,
+                      temporal_patch_size=FRAMES, window_size=2 * MERGE * PATCH,
+                      fullatt_block_indexes=[VISION_DEPTH - 1])
+        return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **tokens)
+    raise ValueError(f"family must be qwen2_vl or qwen2_5_vl, got {family!r}")
 
 
-def build_model(config: Qwen2VLConfig, seed: int) -> Qwen2VLForConditionalGeneration:
+def build_model(config: Qwen2VLConfig | Qwen2_5_VLConfig, seed: int):
     """A freshly initialised fp32 model; the same (config, seed) gives the same weights."""
+    architecture = Qwen2_5_VLForConditionalGeneration if isinstance(config, Qwen2_5_VLConfig) \
+        else Qwen2VLForConditionalGeneration
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration(config)
+        model = architecture(config)
     return model.to(torch.float32)
 
 

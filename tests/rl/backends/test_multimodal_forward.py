@@ -1,7 +1,7 @@
-"""A vision-language model's logprobs over a packed (and a padded) batch of (image, text) sequences against
-transformers' own forward of each sequence alone, as its processor prepares it (the model computing its own
-multimodal rotary positions): no token sees another sequence or another sequence's image, and a text-only sequence
-beside image ones scores as it does alone. Oracle: the unpacked HF forward; bound: the float32 reductions of the
+"""A vision-language model's (Qwen2-VL's and Qwen2.5-VL's) logprobs over a packed (and a padded) batch of (image,
+text) sequences against transformers' own forward of each sequence alone, as its processor prepares it (the model
+computing its own multimodal rotary positions): no token sees another sequence or another sequence's image, and a
+text-only sequence beside image ones scores as it does alone. Oracle: the unpacked HF forward; bound: the float32 reductions of the
 vision tower and the decoder (`tests.testing.tolerances`)."""
 
 import numpy as np
@@ -26,11 +26,12 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+def checkpoint(request, tmp_path_factory):
+    """The embedded visual task's tiny model in each family (Qwen2.5-VL: window attention in the vision tower)."""
     processor = build_processor()
-    path = save_vl_model(build_model(tiny_vl_config(processor.tokenizer), seed=0), processor,
-                         tmp_path_factory.mktemp("vl") / "model")
+    path = save_vl_model(build_model(tiny_vl_config(processor.tokenizer, request.param), seed=0), processor,
+                         tmp_path_factory.mktemp(request.param) / "model")
     return path, processor
 
 

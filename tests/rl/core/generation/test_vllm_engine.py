@@ -3,7 +3,7 @@ transformers forward of the same weights at the sampling temperature; after `upd
 weights', whether they came as tensors or shared by handle (/dev/shm), for a prompt whose blocks were cached before
 too; a wrong name or shape fails naming the tensor, a handle for another device naming both; `offload` refuses
 generation until `reload`, and the same seeded call then gives the same rollouts. The same over the embedded visual
-task's untrained Qwen2-VL with image prompts: vLLM's processor expands the images to the trainer's token ids, its
+task's untrained Qwen2-VL (and Qwen2.5-VL) with image prompts: vLLM's processor expands the images to the trainer's token ids, its
 logprobs equal a transformers forward with the pixel values, and new vision-tower weights reach it. One engine per
 model for the whole file (vLLM starts in ~10 s on CPU)."""
 
@@ -15,13 +15,8 @@ from transformers import AutoModelForCausalLM
 
 from rl.core.generation import SamplingParams, build_engine
 from rl.core.generation.shared_weights import device_key, shared
-from tests.testing.tolerances import (
-    assert_within,
-    decoder_reductions,
-    logprob_gap,
-    network_rtol,
-    vision_tower_reductions,
-)
+from tests.testing.tolerances import assert_within, logprob_gap
+from tests.testing.vl_oracle import assert_sampled_as_the_model
 
 
 @pytest.fixture(scope="module")
@@ -166,16 +161,17 @@ def test_updated_weights_are_the_ones_sampled_from(engine, job, prompts, transpo
     assert_logprobs_match(model, engine.generate(prompts, SamplingParams(n=2, max_new_tokens=10, seed=5)), 1.0)
 
 
-# A vision-language model: the embedded visual task's tiny Qwen2-VL (untrained) with its square-counting prompts.
+# Vision-language models: the embedded visual task's tiny Qwen2-VL (untrained), and Qwen2.5-VL at its sizes, with
+# the task's square-counting prompts.
 
 
-@pytest.fixture(scope="module")
-def vl_model_dir(tmp_path_factory):
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+def vl_model_dir(request, tmp_path_factory):
     from rl.tasks.embedded_vl.model import build_model, build_processor, save_vl_model, tiny_vl_config
 
     processor = build_processor()
-    return save_vl_model(build_model(tiny_vl_config(processor.tokenizer), 0), processor,
-                         tmp_path_factory.mktemp("vl") / "model")
+    return save_vl_model(build_model(tiny_vl_config(processor.tokenizer, request.param), 0), processor,
+                         tmp_path_factory.mktemp(request.param) / "model")
 
 
 @pytest.fixture(scope="module")
@@ -203,51 +199,16 @@ def vl_prompts(vl_model_dir, tmp_path_factory):
     return [ids for ids, _ in encoded], [images for _, images in encoded]
 
 
-def vl_logprobs(model, rollout, temperature: float) -> tuple[torch.Tensor, float]:
-    """A transformers forward of (image, prompt + response) with the vision tokens masked out as the engine samples
-    (they renormalise over the rest), and the bound: the decoder's and the vision tower's reductions in other
-    orders, relative to the logits."""
-    from rl.core.model_class import vision_token_ids
-
-    ids = torch.tensor([rollout.prompt_ids + rollout.response_ids])
-    inputs = {"input_ids": ids, "mm_token_type_ids": (ids == model.config.image_token_id).long()}
-    patches = 0
-    if rollout.images is not None:
-        inputs.update(pixel_values=rollout.images.pixel_values, image_grid_thw=rollout.images.grid_thw)
-        patches = rollout.images.pixel_values.shape[0]
-    with torch.no_grad():
-        logits = model(**inputs).logits[0, len(rollout.prompt_ids) - 1:-1].float() / temperature
-    logits[:, list(vision_token_ids(model.config))] = float("-inf")
-    config = model.config
-    reductions = decoder_reductions(config.text_config, ids.shape[1]) + (
-        vision_tower_reductions(config.vision_config, patches) if patches else [])
-    gap = network_rtol(reductions, torch.float32) * float(logits[logits.isfinite()].abs().max())
-    return torch.log_softmax(logits, -1).gather(1, torch.tensor(rollout.response_ids)[:, None])[:, 0], gap
-
-
-def assert_vl_logprobs_match(model, rollouts, temperature):
-    checked = 0
-    for rollout in rollouts:
-        if rollout.response_ids:
-            want, gap = vl_logprobs(model, rollout, temperature)
-            assert_within(torch.tensor(rollout.rollout_logprobs), want, gap, "rollout logprobs")
-            checked += 1
-    assert checked
-
-
 def test_images_reach_vllm_once_per_prompt_and_its_logprobs_equal_a_transformers_forward(vl_engine, vl_model_dir,
                                                                                           vl_prompts):
     from transformers import AutoModelForImageTextToText
-
-    from rl.core.model_class import vision_token_ids
 
     prompts, images = vl_prompts
     rollouts = vl_engine.generate(prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=12, seed=3), images)
     assert [(r.prompt_index, r.sample_index) for r in rollouts] == [(p, s) for p in range(4) for s in range(3)]
     assert all(r.prompt_ids == prompts[r.prompt_index] and r.images is images[r.prompt_index] for r in rollouts)
     model = AutoModelForImageTextToText.from_pretrained(str(vl_model_dir), dtype=torch.float32).eval()
-    assert not set(vision_token_ids(model.config)) & {t for r in rollouts for t in r.response_ids}
-    assert_vl_logprobs_match(model, rollouts, 1.0)
+    assert_sampled_as_the_model(model, rollouts, 1.0)
 
 
 def test_vision_tower_weights_reach_vllm(vl_engine, vl_model_dir, vl_prompts):
@@ -263,7 +224,7 @@ def test_vision_tower_weights_reach_vllm(vl_engine, vl_model_dir, vl_prompts):
     share(vl_engine, list(model.state_dict().items()))
     prompts, images = vl_prompts
     rollouts = vl_engine.generate(prompts, SamplingParams(n=2, temperature=0.7, max_new_tokens=12, seed=4), images)
-    assert_vl_logprobs_match(model, rollouts, 0.7)
+    assert_sampled_as_the_model(model, rollouts, 0.7)
 
 
 def test_images_for_a_text_model_or_without_their_encoded_form_are_refused(engine, vl_engine, vl_prompts):
