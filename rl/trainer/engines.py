@@ -169,7 +169,9 @@ class RemoteEngines(GenerationEngine):
         starts = list(range(0, len(prompts), share)) if prompts else []
         with self.gate:
             self.gate.wait_for(lambda: not self.pushing)
-            return [(start, self._generate_call(actor).remote(prompts[start:start + share], params,
+            # each share seeded of its own, or every engine would draw the same random numbers for its prompts
+            return [(start, self._generate_call(actor).remote(prompts[start:start + share],
+                                                              params.for_part(start) if start else params,
                                                               images[start:start + share] if images else None))
                     for actor, start in zip(self.actors, starts, strict=False)]
 

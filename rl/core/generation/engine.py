@@ -7,8 +7,9 @@ Every trainer talks to an engine only through `GenerationEngine`, and picks the 
 from __future__ import annotations
 
 import abc
+import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -70,6 +71,15 @@ class SamplingParams:
     @property
     def top_k_enabled(self) -> bool:
         return self.top_k > 0
+
+    def for_part(self, index: int) -> SamplingParams:
+        """These params for part `index` of a seeded call (a prompt, an engine's share of the prompts), with a seed of
+        its own drawn from (seed, index): parts seeded alike would sample with the same random numbers, their
+        samples correlated. An unseeded call stays unseeded."""
+        if self.seed is None:
+            return self
+        digest = hashlib.blake2b(f"{self.seed}/{index}".encode(), digest_size=7).digest()
+        return replace(self, seed=int.from_bytes(digest, "big"))
 
 
 @dataclass

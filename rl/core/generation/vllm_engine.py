@@ -126,7 +126,9 @@ class VLLMGenerationEngine(GenerationEngine):
                 raise ValueError(f"prompts[{index}] is empty; every prompt needs at least one token")
         images = self._checked_images(prompts, images)
         requests = [self._request(prompt, entry) for prompt, entry in zip(prompts, images, strict=True)]
-        outputs = self.llm.generate(requests, vllm_sampling_params(params, self.banned), use_tqdm=False)
+        # a seed per prompt (vLLM gives sample k of a request seed + k, so prompts seeded alike draw alike)
+        per_prompt = [vllm_sampling_params(params.for_part(index), self.banned) for index in range(len(prompts))]
+        outputs = self.llm.generate(requests, per_prompt, use_tqdm=False)
         rollouts = []
         for index, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
             if images[index] is not None and list(output.prompt_token_ids) != list(prompt):

@@ -1,8 +1,8 @@
 """A vision-language model's (Qwen2-VL's and Qwen2.5-VL's) logprobs over a packed (and a padded) batch of (image,
 text) sequences against transformers' own forward of each sequence alone, as its processor prepares it (the model
 computing its own multimodal rotary positions): no token sees another sequence or another sequence's image, and a
-text-only sequence beside image ones scores as it does alone. Oracle: the unpacked HF forward; bound: the float32 reductions of the
-vision tower and the decoder (`tests.testing.tolerances`)."""
+text-only sequence beside image ones scores as it does alone. Oracle: the unpacked HF forward; bound: the float32
+reductions of the vision tower and the decoder (`tests.testing.tolerances`)."""
 
 import numpy as np
 import pytest

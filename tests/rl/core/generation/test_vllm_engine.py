@@ -2,10 +2,11 @@
 transformers forward of the same weights at the sampling temperature; after `update_weights` they equal the new
 weights', whether they came as tensors or shared by handle (/dev/shm), for a prompt whose blocks were cached before
 too; a wrong name or shape fails naming the tensor, a handle for another device naming both; `offload` refuses
-generation until `reload`, and the same seeded call then gives the same rollouts. The same over the embedded visual
-task's untrained Qwen2-VL (and Qwen2.5-VL) with image prompts: vLLM's processor expands the images to the trainer's token ids, its
-logprobs equal a transformers forward with the pixel values, and new vision-tower weights reach it. One engine per
-model for the whole file (vLLM starts in ~10 s on CPU)."""
+generation until `reload`, and the same seeded call then gives the same rollouts; prompts of one seeded call sample
+with seeds of their own. The same over the embedded visual task's untrained Qwen2-VL (and Qwen2.5-VL at its sizes)
+with image prompts: vLLM's processor expands the images to the trainer's token ids, its logprobs equal a
+transformers forward with the pixel values, and new vision-tower weights reach it. One engine per model for the
+whole file (vLLM starts in 20-30 s on CPU)."""
 
 from __future__ import annotations
 
@@ -105,6 +106,16 @@ def test_stop_strings_cut_at_the_token_completing_them(engine, prompts):
             cut_by_string += 1
         assert after.rollout_logprobs == before.rollout_logprobs[:len(after.response_ids)]
     assert 0 < cut_by_string < len(stopped)
+
+
+def test_each_prompt_samples_with_random_numbers_of_its_own(engine, prompts):
+    """One seed for the call, yet a prompt given twice gets two different sets of samples (vLLM seeds sample k of a
+    request with seed + k, so prompts seeded alike would draw alike); the call stays reproducible."""
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=10, seed=3)
+    rollouts = engine.generate([prompts[0], prompts[0]], params)
+    first, second = ([r.response_ids for r in rollouts if r.prompt_index == p] for p in (0, 1))
+    assert first != second
+    assert [r.response_ids for r in engine.generate([prompts[0], prompts[0]], params)] == first + second
 
 
 def test_bad_names_and_shapes_are_refused_naming_the_tensor(engine, job):
