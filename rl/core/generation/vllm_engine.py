@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -56,11 +57,11 @@ def checkpoint_dtype(config: dict) -> str:
 def vllm_sampling_params(params: SamplingParams, banned: Sequence[str] = ()):
     from vllm import SamplingParams as VLLMSamplingParams
 
-    return VLLMSamplingParams(bad_words=list(banned) or None,
+    return VLLMSamplingParams(
         n=params.n, temperature=params.temperature, top_p=params.top_p,
         top_k=params.top_k if params.top_k_enabled else 0, max_tokens=params.max_new_tokens, seed=params.seed,
         stop_token_ids=list(params.stop_token_ids), stop=list(params.stop) or None, include_stop_str_in_output=True,
-        logprobs=0, detokenize=True, skip_special_tokens=True,
+        logprobs=0, detokenize=True, skip_special_tokens=True, bad_words=list(banned) or None,
     )
 
 
@@ -101,7 +102,7 @@ class VLLMGenerationEngine(GenerationEngine):
             gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching, max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs, max_model_len=max_model_len, seed=seed, enforce_eager=True,
-            **({"limit_mm_per_prompt": {"video": 0}} if vision_token_ids(config) else {}),  # prompts hold images
+            **({"limit_mm_per_prompt": {"video": 0}} if vision_token_ids(config) else {}),  # images, no videos
             logprobs_mode="processed_logprobs", enable_sleep_mode=self.sleeps, worker_extension_cls=WORKER_EXTENSION,
             distributed_executor_backend="ray" if placed else None,
         )
@@ -167,8 +168,6 @@ class VLLMGenerationEngine(GenerationEngine):
 
         if images is None:
             return TokensPrompt(prompt_token_ids=list(prompt))
-        import io
-
         from PIL import Image
 
         pad = self.image_token_id
