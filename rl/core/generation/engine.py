@@ -157,6 +157,19 @@ class GenerationEngine(abc.ABC):
         """Undo `offload` so `generate` can run again."""
 
 
+def prompt_images(prompts: list[list[int]], images: Sequence[ImageInputs | None] | None, takes_images: bool,
+                  model: str) -> list[ImageInputs | None] | None:
+    """A `generate` call's images, one entry (or None) per prompt, or None for a call without any; refused when
+    given to a text-only `model` or not one per prompt."""
+    if images is None or not any(entry is not None for entry in images):
+        return None
+    if not takes_images:
+        raise ValueError(f"images were given, but {model} is a text-only model")
+    if len(images) != len(prompts):
+        raise ValueError(f"images has {len(images)} entries for {len(prompts)} prompts; give one (or None) each")
+    return list(images)
+
+
 GENERATION_ENGINES: Registry[type[GenerationEngine]] = Registry("generation engine")
 
 

@@ -10,14 +10,12 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel
 
-from rl.core.generation.engine import GENERATION_ENGINES, GenerationEngine, Rollout, SamplingParams
+from rl.core.generation.engine import GENERATION_ENGINES, GenerationEngine, Rollout, SamplingParams, prompt_images
 from rl.core.generation.sampling import recording_processors
 from rl.core.generation.sequences import cut_at_stop, cut_at_stop_string, left_pad
 from rl.core.generation.weights import copy_named_tensors
 from rl.core.images import ImageInputs
 from rl.core.model_class import is_vision_language, load_generative, vision_token_ids
-
-"""A vision-language model's tokens that only its processor writes: never sampled (`sampling.NeverSample`)."""
 
 
 @contextlib.contextmanager
@@ -102,7 +100,7 @@ class HFGenerationEngine(GenerationEngine):
         self.pad_token_id: int = pad if pad is not None else (self.eos_token_id or 0)
         self.vocab_size: int = self.model.get_input_embeddings().num_embeddings
         self.takes_images = is_vision_language(self.model.config)
-        self.never_sampled = vision_token_ids(self.model.config)
+        self.never_sampled = vision_token_ids(self.model.config)  # only the processor writes them
         self.offloaded = False
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
@@ -110,7 +108,7 @@ class HFGenerationEngine(GenerationEngine):
         if self.offloaded:
             raise RuntimeError("the generation engine is offloaded; call reload() before generate()")
         self._check_prompts(prompts)
-        self._check_images(prompts, images)
+        images = prompt_images(prompts, images, self.takes_images, type(self.model).__name__)
         jobs = [(p, s) for p in range(len(prompts)) for s in range(params.n)]
         stop_ids = self._stop_ids(params)
         config = self._generation_config(params, stop_ids)
@@ -174,14 +172,6 @@ class HFGenerationEngine(GenerationEngine):
             inputs["pixel_values"] = torch.cat([entry.pixel_values for entry in given]).to(self.device, dtype)
             inputs["image_grid_thw"] = torch.cat([entry.grid_thw for entry in given]).to(self.device)
         return inputs
-
-    def _check_images(self, prompts: list[list[int]], images: Sequence[ImageInputs | None] | None) -> None:
-        if images is None or not any(entry is not None for entry in images):
-            return
-        if not self.takes_images:
-            raise ValueError(f"images were given, but {type(self.model).__name__} is a text-only model")
-        if len(images) != len(prompts):
-            raise ValueError(f"images has {len(images)} entries for {len(prompts)} prompts; give one (or None) each")
 
     def _cut(self, row: list[int], stop_ids: frozenset[int], stops: tuple[str, ...]) -> tuple[int, str]:
         """How many tokens of `row` form the response and why it ended: at the first stop token, or earlier at the

