@@ -22,12 +22,14 @@ def _locked_line(name: str) -> str:
         return next(line.strip() for line in f if line.startswith(name + "=="))
 
 
-def _install(tmp_path, lock_text: str, sdists: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def _install(tmp_path, lock_text: str, sdists: tuple[str, ...] = (), venv: str = "venv"
+             ) -> subprocess.CompletedProcess:
     lock = tmp_path / "lock.txt"
     lock.write_text(lock_text)
-    cmd = [_base_python(), INSTALLER, "--lock", str(lock), "--venv", str(tmp_path / "venv")]
+    cmd = [_base_python(), INSTALLER, "--lock", str(lock), "--venv", str(tmp_path / venv)]
     cmd += [arg for name in sdists for arg in ("--sdist", name)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "RLPOST_WHEEL_CACHE": str(tmp_path / "wheels")}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 
 
 def test_locked_package_installs(tmp_path):
@@ -40,17 +42,25 @@ def test_locked_package_installs(tmp_path):
     assert probe.stdout.strip() == str(tmp_path / "venv")
 
 
-def test_source_only_package_builds_against_the_locked_setuptools(tmp_path):
+def test_source_only_package_builds_against_the_locked_setuptools_once(tmp_path):
     # antlr4-python3-runtime (OmegaConf's parser runtime) is published only as source: the installer builds it
-    # without build isolation, so nothing outside the lock is fetched to build it.
+    # without build isolation, so nothing outside the lock is fetched to build it, into a wheel kept in the wheel
+    # cache that a second environment of the same lock installs instead of building it again.
     lines = [_locked_line(name) for name in ("setuptools", SDIST)]
-    result = _install(tmp_path, "\n".join(lines) + "\n", sdists=(SDIST,))
-    assert result.returncode == 0, result.stderr
-    python = tmp_path / "venv" / "bin" / "python3"
-    probe = subprocess.run([str(python), "-c", f"import antlr4, importlib.metadata as m; print(m.version('{SDIST}'))"],
-                           capture_output=True, text=True)
-    assert probe.returncode == 0, probe.stderr
-    assert probe.stdout.strip() == _locked_line(SDIST).split("==")[1].split()[0]
+    version = _locked_line(SDIST).split("==")[1].split()[0]
+    for venv, said in (("venv", "building wheels from source"), ("second", "wheels built before")):
+        result = _install(tmp_path, "\n".join(lines) + "\n", sdists=(SDIST,), venv=venv)
+        assert result.returncode == 0, result.stderr
+        assert said in result.stdout, result.stdout
+        python = tmp_path / venv / "bin" / "python3"
+        code = f"import antlr4, importlib.metadata as m; print(m.version('{SDIST}'))"
+        probe = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+        assert probe.returncode == 0, probe.stderr
+        assert probe.stdout.strip() == version
+    (built,) = (tmp_path / "wheels").iterdir()  # one key, no half-built directory left
+    assert sorted(path.name for path in built.iterdir()) == [f"antlr4_python3_runtime-{version}-py3-none-any.whl",
+                                                             "sources.txt"]
+    assert (built / "sources.txt").read_text() == _locked_line(SDIST) + "\n"
 
 
 def test_tampered_hash_fails_with_a_clear_message(tmp_path):
