@@ -3,8 +3,9 @@
 `rl.launch.sft` run on image rows (once per machine, cached), trains its 40 GRPO steps. Images reach every part or
 the run could not go on (a placeholder without its image stops the forward); the checks: the warm-up's SFT run
 lowered its loss and left a careless model, GRPO raises greedy validation accuracy by >= 0.3 (the job's seed 42:
-+0.42; seeds 1, 2, 3 +0.72, +0.53, +0.50, seed 4 only +0.12: README), the vision tower's weights in the step-40 export all moved from the
-warmed-up ones (only image sequences give it a gradient), and the export loads in transformers with its processor."""
++0.42; seeds 1, 2, 3: +0.72, +0.53, +0.50, seed 4 only +0.12: README), the vision tower's weights in the step-40
+export all moved from the warmed-up ones (only image sequences give it a gradient), and the export loads in
+transformers with its processor."""
 
 import json
 
