@@ -39,7 +39,7 @@ REFERENCE = ("fsdp2", 1, True, ())
 # gives non-zero advantages, without which no token can be clipped. At the job's lr (1e-3) and the default clip range
 # (eps_clip_low = eps_clip_high = 0.2) that clips a few to 15% of a step's tokens (pg_clipfrac, averaged over the two
 # mini-batches; measured 0.06-0.15 per step), so neither needs changing.
-MINI_BATCHES = ("trainer.policy_mini_batch_size=2", "data.reward_fn=tests.testing.parity:length_reward")
+MINI_BATCHES = ("trainer.policy_mini_batch_size=2", "data.reward_fn=tests.testing.graded_rewards:length_reward")
 CLIPPING = ("pg_clipfrac", "ppo_kl")  # compared as well where the ratio leaves 1
 
 Steps = dict[int, dict]
@@ -150,12 +150,6 @@ def initial_weights(job: TinyJob) -> Weights:
 
     model = AutoModelForCausalLM.from_pretrained(job.model_path)
     return {name: tensor.detach() for name, tensor in model.state_dict().items()}
-
-
-def length_reward(response: str, answer: str) -> float:
-    """The response's length in characters, capped at 40, over 40: a graded reward that differs within nearly every
-    group of a random model's samples, so advantages are non-zero and the clipped surrogate has work to do."""
-    return min(len(response), 40) / 40
 
 
 def assert_clipped(steps: Steps) -> None:

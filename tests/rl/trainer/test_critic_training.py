@@ -40,7 +40,7 @@ EPOCHS = 2
 CRITIC_LR = 1e-3
 # a graded reward, so that the returns vary and the critic has something to learn
 GAE = ("trainer.algorithm.advantage_estimator=gae", f"trainer.update_epochs_per_batch={EPOCHS}",
-       f"trainer.critic.optimizer_config.lr={CRITIC_LR}", "data.reward_fn=tests.testing.parity:length_reward")
+       f"trainer.critic.optimizer_config.lr={CRITIC_LR}", "data.reward_fn=tests.testing.graded_rewards:length_reward")
 LAYOUTS = {
     "fsdp-2w": ("fsdp", 2, True, GAE),
     "deepspeed-2w-zero3": ("deepspeed", 2, True, (*GAE, "deepspeed_config.train.zero_optimization.stage=3")),
