@@ -6,7 +6,7 @@ test_parity_minibatch, where each of a step's two mini-batches is one optimizer 
 The run and its comparison (rewards exactly, loss, its parts and the gradient norm up to summation order, final
 weights within Adam's bounds, `tolerances.assert_adam_runs_within`) are `tests.testing.parity`'s, shared with
 test_parity_features (ZeRO-3, the fused loss, Ulysses, context parallelism) and test_parity_minibatch (two
-mini-batches per rollout batch, megatron's TP and PP among them): one target each, so that none runs more than ~10
+mini-batches per rollout batch, megatron's TP x PP among them): one target each, so that none runs more than ~10
 launcher runs.
 """
 
