@@ -120,7 +120,7 @@ def test_rollouts_never_lag_more_than_the_bound(job, tmp_path):
 
 def test_embedded_default_learns_asynchronously(tmp_path):
     run_dir = str(tmp_path / "default")
-    result = run_train(run_dir, _asynchronous(1), timeout=900)
+    result = run_train(run_dir, [*_asynchronous(1), "trainer.eval_interval=40"], timeout=900)  # steps 0 and 40
     assert result.returncode == 0, result.stderr[-5000:]
     rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     final = [row for row in rows if row["step"] == 40 and "val_accuracy" in row]
