@@ -104,6 +104,7 @@ def build_env(lock_path: str, venv_dir: str, sdist_packages: set[str]) -> None:
 # DeepSpeed's ops are JIT-built when first used, except the CPU shared-memory all-reduce, which every CPU run
 # initializes: build that one with the wheel. The built wheel depends on these variables, so pip's cache is bypassed.
 SDIST_BUILD_ENV = {"DS_BUILD_OPS": "0", "DS_BUILD_SHM_COMM": "1"}
+SOURCES = "sources.txt"  # in a cache entry: the hash-pinned lines its wheels were built from; written last
 
 
 def wheel_cache_dir() -> str:
@@ -149,9 +150,6 @@ def install_built_wheels(python: str, sdists: list[str], wheels: list[str], lock
                 os.rename(work, built)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-SOURCES = "sources.txt"
 
 
 def _install_wheels(python: str, directory: str) -> None:
