@@ -46,14 +46,19 @@ def split_lock(lock_path: str, sdist_packages: set[str]) -> tuple[list[str], lis
     return wheels, sdists
 
 
+def _pip(python: str, command: str) -> list[str]:
+    """pip's `command` (install, wheel) for the venv of `python`, quiet, without dependencies or questions."""
+    return [sys.executable, "-m", "pip", "--python", python, command, "--no-deps", "--disable-pip-version-check",
+            "--no-input", "--quiet"]
+
+
 def pip_run(python: str, command: str, lines: list[str], lock_path: str, extra: list[str], env: dict[str, str]
             ) -> None:
     """`pip install` or `pip wheel` of hash-pinned `lines` for the venv of `python`."""
     requirements = os.path.join(os.path.dirname(python), "..", "lock-part.txt")
     with open(requirements, "w") as f:
         f.write("\n".join(lines) + "\n")
-    cmd = [sys.executable, "-m", "pip", "--python", python, command, "--require-hashes", "--no-deps",
-           "--disable-pip-version-check", "--no-input", "--quiet", *extra, "-r", requirements]
+    cmd = [*_pip(python, command), "--require-hashes", *extra, "-r", requirements]
     result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
     if result.returncode == 0:
         return
@@ -154,8 +159,7 @@ def install_built_wheels(python: str, sdists: list[str], wheels: list[str], lock
 
 def _install_wheels(python: str, directory: str) -> None:
     files = sorted(os.path.join(directory, name) for name in os.listdir(directory) if name.endswith(".whl"))
-    cmd = [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index",
-           "--disable-pip-version-check", "--no-input", "--quiet", *files]
+    cmd = [*_pip(python, "install"), "--no-index", *files]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise EnvError(f"installing the wheels built from source in {directory} failed (exit {result.returncode}):"
