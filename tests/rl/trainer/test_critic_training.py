@@ -1,11 +1,13 @@
 """PPO with a critic (`advantage_estimator=gae`) end to end through the real launcher: the same steps on every
 strategy and placement, the critic's warm-up, and a LoRA critic.
 
-Parity: fsdp on 2 workers, DeepSpeed ZeRO-3 on 2 workers, megatron with TP=2, and fsdp2 with the critic on 2 workers
-of its own (`colocate_all=false`, the engine on a core of its own) run the steps of fsdp2 on one worker (two PPO
-epochs per batch, a critic trained beside the policy): the same rewards, losses, value losses and gradient norms up
-to summation order, and policy and critic exports within Adam's bounds of the reference's (`tests.testing.parity`).
-The critic's lr is raised so that its weights move far beyond those bounds.
+Parity: DeepSpeed ZeRO-3 on 2 workers (the value head partitioned), megatron with TP=2, and fsdp2 with the critic on 2
+workers of its own (`colocate_all=false`, the engine on a core of its own) run the steps of fsdp2 on one worker (two
+PPO epochs per batch, a critic trained beside the policy): the same rewards, losses, value losses and gradient norms
+up to summation order, and policy and critic exports within Adam's bounds of the reference's (`tests.testing.parity`).
+The critic's lr is raised so that its weights move far beyond those bounds. fsdp's critic is its policy's backend
+with a value head: its steps against the token-classifier oracle are tests/rl/backends/test_critic.py's, its two-rank
+reductions the policy's in test_parity_minibatch.
 Warm-up, with a LoRA critic on a group of its own: with `trainer.critic_warmup=2` the first two steps train the
 critic only: no policy loss is logged and the exported policy is the starting model bit for bit. The same run's last
 checkpoint (the critic's adapters and value head), converted with `rl.launch.convert --model=critic`, is its critic
@@ -42,7 +44,6 @@ CRITIC_LR = 1e-3
 GAE = ("trainer.algorithm.advantage_estimator=gae", f"trainer.update_epochs_per_batch={EPOCHS}",
        f"trainer.critic.optimizer_config.lr={CRITIC_LR}", "data.reward_fn=tests.testing.graded_rewards:length_reward")
 LAYOUTS = {
-    "fsdp-2w": ("fsdp", 2, True, GAE),
     "deepspeed-2w-zero3": ("deepspeed", 2, True, (*GAE, "deepspeed_config.train.zero_optimization.stage=3")),
     "megatron-2w-tp2": ("megatron", 2, True, (*GAE, "trainer.policy.megatron_config.tensor_model_parallel_size=2")),
     "fsdp2-critic-group-2w": ("fsdp2", 1, True, (*GAE, "trainer.placement.colocate_all=false",
