@@ -61,7 +61,7 @@ class SftTrainer(SupervisedTrainer):
 
         model_path, train, val, embedded = _sources(cfg, run_dir)
         if embedded and block.response_key == SftConfig.response_key:
-            from rl.tasks.embedded.supervised import RESPONSE_KEY
+            from rl.tasks.embedded.warmup import RESPONSE_KEY
 
             block = dataclasses.replace(block, response_key=RESPONSE_KEY)
         from rl.trainer.components import image_processor

@@ -5,7 +5,7 @@ from rl.tasks.embedded.model import build_model, save_pretrained_model, tiny_mod
 from rl.tasks.embedded.prepare import EmbeddedDefault, Recipe, prepare_embedded_default, write_untrained_job
 from rl.tasks.embedded.task import DATA_SOURCE, TaskSpec, make_task_rows, write_task_dataset
 from rl.tasks.embedded.tokenizer import build_tokenizer
-from rl.tasks.embedded.warmup import careless_demonstrations, greedy_accuracy, sft_warmup
+from rl.tasks.embedded.warmup import careless_demonstrations, greedy_accuracy
 
 __all__ = [
     "DATA_SOURCE",
@@ -19,7 +19,6 @@ __all__ = [
     "make_task_rows",
     "prepare_embedded_default",
     "save_pretrained_model",
-    "sft_warmup",
     "tiny_model_config",
     "write_task_dataset",
     "write_untrained_job",

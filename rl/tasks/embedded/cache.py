@@ -2,8 +2,9 @@
 
 Where: `$RLPOST_CACHE_DIR`, else `$XDG_CACHE_HOME/rlpost`, else `~/.cache/rlpost`; entries under `embedded/<key>`
 (`embedded-vl/<key>` for the visual task's model, whose sources are its own package's).
-The key digests the recipe (the seed included), the source files that determine the weights and the torch and
-transformers versions, so a change to any of them makes a new entry. An entry is built in a staging directory and
+The key digests the recipe (the seed included), the source files that determine the weights (the family's own and
+those of the `rl.launch.sft` run that warms the model up) and the torch and transformers versions, so a change to any
+of them makes a new entry. An entry is built in a staging directory and
 renamed into place with its marker written last; the marker records the sha256 of every file, checked on each reuse:
 a damaged entry is rebuilt, never used.
 """
@@ -24,6 +25,13 @@ CACHE_ENV = "RLPOST_CACHE_DIR"
 MARKER = "embedded.json"  # the checkpoint marker of `rl.tasks.embedded.prepare`
 SOURCES = Path(__file__).parent
 WEIGHT_SOURCES = ("model.py", "prepare.py", "task.py", "tokenizer.py", "warmup.py")  # what the weights depend on
+# the modules of the warm-up's `rl.launch.sft` run (fsdp2, one worker) that its numbers go through: the data's
+# encoding, packing, the loss, the schedule, the step; relative to the `rl` package
+RUN_SOURCES = ("core/data/supervised.py", "core/packing/batch.py", "core/packing/builders.py",
+               "core/algorithms/sft_loss.py", "core/algorithms/lr_schedule.py", "trainer/supervised.py",
+               "trainer/sft_loop.py", "backends/base.py", "backends/fsdp2.py", "backends/hf_forward.py",
+               "backends/hf_model.py", "backends/worker.py")
+RL_PACKAGE = SOURCES.parents[1]
 
 
 def default_cache_dir() -> Path:
@@ -40,6 +48,7 @@ class Family:
     name: str = "embedded"
     sources: Path = SOURCES
     files: tuple[str, ...] = WEIGHT_SOURCES
+    run_sources: tuple[str, ...] = RUN_SOURCES
 
 
 EMBEDDED_FAMILY = Family()
@@ -55,6 +64,8 @@ def entry_key(recipe, family: Family = EMBEDDED_FAMILY) -> str:
     digest = hashlib.sha256(json.dumps(asdict(recipe), sort_keys=True).encode())
     for name in family.files:
         digest.update(name.encode() + b"\0" + (sources / name).read_bytes() + b"\0")
+    for name in family.run_sources:
+        digest.update(name.encode() + b"\0" + (RL_PACKAGE / name).read_bytes() + b"\0")
     digest.update(f"torch {torch.__version__} transformers {transformers.__version__}".encode())
     return digest.hexdigest()[:24]
 

@@ -17,14 +17,22 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
+
 from rl.tasks.embedded.cache import EMBEDDED_FAMILY, Family, cached_checkpoint, file_digests
 from rl.tasks.embedded.model import build_model, save_pretrained_model, tiny_model_config
 from rl.tasks.embedded.task import SPLIT_FILES, make_task_rows, write_task_dataset
 from rl.tasks.embedded.tokenizer import build_tokenizer
-from rl.tasks.embedded.warmup import careless_demonstrations, greedy_accuracy, sft_warmup
+from rl.tasks.embedded.warmup import (
+    RESPONSE_KEY,
+    careless_demonstrations,
+    greedy_accuracy,
+    run_sft_warmup,
+    sft_warmup_overrides,
+)
 
 MARKER = "embedded.json"
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3  # 3: the warm-up is an rl.launch.sft run
 DEFAULT_SEED = 42
 WARMUP_STEPS = 300
 MAX_NEW_TOKENS = 32
@@ -107,14 +115,14 @@ def read_marker(model_dir: Path) -> dict:
 
 
 def build_checkpoint(model_dir: Path, recipe: Recipe, log: Callable[[str], None] | None) -> dict[str, float]:
-    """Build, warm up and save the model in a temporary directory, then move it to `model_dir`."""
+    """Warm the model up in a temporary directory, then move its export to `model_dir`."""
     model_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
+    work = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
     try:
-        metrics = warm_up_model(staging, recipe, log)
-        seal(staging, model_dir, recipe, metrics)
+        metrics, export = warm_up_model(work, recipe, log)
+        seal(export, model_dir, recipe, metrics)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
     return metrics
 
 
@@ -146,22 +154,32 @@ def copy_from_cache(model_dir: Path, recipe, cache_dir: Path, log: Callable[[str
     return read_marker(model_dir)["metrics"]
 
 
-def warm_up_model(directory: Path, recipe: Recipe, log: Callable[[str], None] | None) -> dict[str, float]:
-    """Make the tokenizer and model, run the supervised warm-up, measure it and save the checkpoint."""
+def warm_up_model(work: Path, recipe: Recipe, log: Callable[[str], None] | None) -> tuple[dict[str, float], Path]:
+    """The untrained model and its demonstrations under `work`, the warm-up's `rl.launch.sft` run there (fsdp2, one
+    worker), its export measured: (figures, the export's directory)."""
+    from transformers import AutoModelForCausalLM
+
+    from rl.core.data.parquet_io import write_parquet_atomic
+
     tokenizer = build_tokenizer()
-    model = build_model(tiny_model_config(tokenizer, recipe.model_size), recipe.seed)
+    untrained = save_pretrained_model(build_model(tiny_model_config(tokenizer, recipe.model_size), recipe.seed),
+                                      tokenizer, work / "untrained")
+    demonstrations = work / "demonstrations.parquet"
     train = make_task_rows(recipe.n_train, recipe.seed, "train")
-    demonstrations = careless_demonstrations(train, recipe.forget_rate, recipe.seed)
+    write_parquet_atomic(careless_demonstrations(train, recipe.forget_rate, recipe.seed), demonstrations)
     if log is not None:
-        log(f"embedded default: warming up a {recipe.model_size} model for {recipe.warmup_steps} steps")
-    result = sft_warmup(
-        model, tokenizer, demonstrations, recipe.warmup_steps, recipe.warmup_lr, recipe.warmup_batch_size, recipe.seed
-    )
+        log(f"embedded default: warming up a {recipe.model_size} model with rl.launch.sft for {recipe.warmup_steps} "
+            "steps")
+    overrides = sft_warmup_overrides(untrained, demonstrations, RESPONSE_KEY, seed=recipe.seed,
+                                     steps=recipe.warmup_steps, batch_size=recipe.warmup_batch_size,
+                                     lr=recipe.warmup_lr)
+    run = run_sft_warmup(work / "sft", overrides, recipe.warmup_steps, "embedded default")
+    model = AutoModelForCausalLM.from_pretrained(run.export, dtype=torch.float32)
     validation = make_task_rows(recipe.n_val, recipe.seed, "validation")
     metrics = {
-        "warmup_loss_first": result["loss_first"],
-        "warmup_loss_last": result["loss_last"],
-        "warmup_seconds": result["seconds"],
+        "warmup_loss_first": run.losses[0],
+        "warmup_loss_last": run.losses[-1],
+        "warmup_seconds": run.seconds,
         "val_accuracy": greedy_accuracy(model, tokenizer, validation, MAX_NEW_TOKENS),
     }
     if log is not None:
@@ -169,8 +187,7 @@ def warm_up_model(directory: Path, recipe: Recipe, log: Callable[[str], None] | 
             f"embedded default: warm-up took {metrics['warmup_seconds']:.1f}s, loss {metrics['warmup_loss_first']:.3f}"
             f" -> {metrics['warmup_loss_last']:.3f}, greedy validation accuracy {metrics['val_accuracy']:.3f}"
         )
-    save_pretrained_model(model, tokenizer, directory)
-    return metrics
+    return metrics, run.export
 
 
 def install(staging: Path, model_dir: Path, recipe) -> None:

@@ -2,7 +2,7 @@
 
 - SFT (`write_sft_job`): the untrained small model (chance level) and the warm-up's demonstrations — the reference
   response, or for a seeded `forget_rate` share of the carrying problems the careless one — as prompt/response
-  rows; the warm-up (`prepare.warm_up_model`) is this run's first `WARMUP_STEPS` steps on one worker.
+  rows; the warm-up (`prepare.warm_up_model`) is this run on one worker for `WARMUP_STEPS` steps.
 - DPO (`write_preference_set`): pairs of a correct (carry kept) and a careless (carry forgotten) answer to the same
   problem; only carrying problems, where the two differ.
 """
@@ -15,8 +15,6 @@ from rl.core.data.parquet_io import write_parquet_atomic
 from rl.tasks.embedded.prepare import DEFAULT_SEED, Recipe, write_untrained_job
 from rl.tasks.embedded.task import make_task_rows
 from rl.tasks.embedded.warmup import careless_demonstrations
-
-RESPONSE_KEY = "reference_response"  # `sft.response_key` of the embedded SFT rows
 
 
 def write_sft_job(workdir: str | Path, seed: int = DEFAULT_SEED, recipe: Recipe | None = None):

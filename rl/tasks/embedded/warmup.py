@@ -1,51 +1,27 @@
-"""Supervised warm-up on (prompt, reference_response) pairs, and greedy accuracy under the GSM8K verifier."""
+"""The embedded jobs' supervised warm-up, an `rl.launch.sft` run on (prompt, reference_response) demonstrations, and
+greedy accuracy under the GSM8K verifier."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rl.tasks.gsm8k.rewards import gsm8k_reward
 
-IGNORE_INDEX = -100
-WARMUP_RAMP_STEPS = 20
+WARMUP_RAMP_STEPS = 20  # the learning rate's linear ramp at the start of a warm-up
+RESPONSE_KEY = "reference_response"  # the demonstrations' response column (`sft.response_key`)
 
 
 def prompt_text(tokenizer: PreTrainedTokenizerBase, row: dict) -> str:
     """The row's chat prompt rendered with the generation prompt, ready for the response to follow."""
     return tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
-
-
-def encode_example(tokenizer: PreTrainedTokenizerBase, row: dict) -> tuple[list[int], list[int]]:
-    """(input ids, labels) for prompt + reference response + eos; labels are IGNORE_INDEX on the prompt."""
-    if "reference_response" not in row:
-        raise KeyError(f"row {row.get('index')} has no 'reference_response'; the warm-up needs one per row")
-    prompt = tokenizer(prompt_text(tokenizer, row), add_special_tokens=False)["input_ids"]
-    response = tokenizer(row["reference_response"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return prompt + response, [IGNORE_INDEX] * len(prompt) + response
-
-
-def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded input_ids / attention_mask / labels tensors."""
-    width = max(len(ids) for ids, _ in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
-    mask = torch.zeros((len(examples), width), dtype=torch.long)
-    for position, (example_ids, example_labels) in enumerate(examples):
-        ids[position, : len(example_ids)] = torch.tensor(example_ids)
-        labels[position, : len(example_labels)] = torch.tensor(example_labels)
-        mask[position, : len(example_ids)] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
-
-
-def learning_rate(step: int, lr: float) -> float:
-    """Linear warm-up over the first WARMUP_RAMP_STEPS steps, then constant: a run of N steps is the first N steps
-    of any longer run with the same seed."""
-    return lr * min(1.0, (step + 1) / WARMUP_RAMP_STEPS)
 
 
 def careless_demonstrations(rows: Sequence[dict], forget_rate: float, seed: int) -> list[dict]:
@@ -60,55 +36,49 @@ def careless_demonstrations(rows: Sequence[dict], forget_rate: float, seed: int)
     carrying = [position for position, row in enumerate(rows) if row["carries"]]
     forgotten = set(random.Random(f"careless/{seed}").sample(carrying, round(forget_rate * len(carrying))))
     return [
-        {**row, "reference_response": row["careless_response"]} if position in forgotten else row
+        {**row, RESPONSE_KEY: row["careless_response"]} if position in forgotten else row
         for position, row in enumerate(rows)
     ]
 
 
-def sft_warmup(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    rows: Sequence[dict],
-    steps: int,
-    lr: float,
-    batch_size: int,
-    seed: int,
-    on_step: Callable[[int, float], None] | None = None,
-) -> dict[str, object]:
-    """Train `model` in place for `steps` AdamW steps on the rows' reference responses (loss on response tokens).
+@dataclass(frozen=True)
+class WarmupRun:
+    """What a warm-up's SFT run left: its loss at each step, its last export and how long it took."""
 
-    Batches are drawn by a seeded shuffle, so the same (model weights, rows, settings, seed) give the same run.
-    `on_step(step, loss)`, when given, is called after each optimizer step (1-based step).
-    Returns {"steps", "losses" (one per step), "loss_first", "loss_last", "seconds"}.
-    """
-    if steps < 1 or batch_size < 1 or not rows:
-        raise ValueError(
-            f"sft_warmup needs steps >= 1, batch_size >= 1 and rows, got {steps}, {batch_size}, {len(rows)}"
-        )
-    examples = [encode_example(tokenizer, row) for row in rows]
-    order_rng = random.Random(f"sft-warmup/{seed}")
-    torch.manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
-    model.train()
-    losses, order, start = [], [], time.perf_counter()
-    for step in range(steps):
-        if len(order) < batch_size:
-            order.extend(order_rng.sample(range(len(examples)), len(examples)))
-        batch = collate([examples[i] for i in order[:batch_size]], tokenizer.pad_token_id)
-        del order[:batch_size]
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, lr)
-        loss = model(**batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
-        if on_step is not None:
-            on_step(step + 1, losses[-1])
-    model.eval()
-    seconds = time.perf_counter() - start
-    return {"steps": steps, "losses": losses, "loss_first": losses[0], "loss_last": losses[-1], "seconds": seconds}
+    losses: list[float]
+    export: Path
+    seconds: float
+
+
+def sft_warmup_overrides(model: Path, demonstrations: Path, response_key: str, *, seed: int, steps: int,
+                         batch_size: int, lr: float) -> list[str]:
+    """A warm-up as `rl.launch.sft` keys: fsdp2 on one worker, AdamW (betas 0.9/0.98, no weight decay, gradients
+    clipped at 1) after a WARMUP_RAMP_STEPS linear ramp, one batch of `batch_size` rows per step, no evaluation or
+    checkpoints, one export at the last step, fp32 (the same weights on any machine's default)."""
+    return [f"trainer.policy.model.path={model}", f"data.train_data=['{demonstrations}']", "data.val_data=[]",
+            f"sft.response_key={response_key}", "trainer.strategy=fsdp2", f"trainer.seed={seed}",
+            f"trainer.max_steps={steps}", f"trainer.train_batch_size={batch_size}",
+            f"trainer.micro_train_batch_size_per_gpu={batch_size}", f"trainer.policy.optimizer_config.lr={lr}",
+            f"trainer.policy.optimizer_config.lr_warmup_steps={WARMUP_RAMP_STEPS}",
+            "trainer.policy.optimizer_config.betas=[0.9,0.98]", "trainer.policy.optimizer_config.weight_decay=0.0",
+            "trainer.policy.optimizer_config.max_grad_norm=1.0", "trainer.eval_interval=0",
+            "trainer.eval_before_train=false", "trainer.ckpt_interval=0", f"trainer.hf_save_interval={steps}",
+            "trainer.bf16=false"]
+
+
+def run_sft_warmup(run_dir: Path, overrides: list[str], steps: int, name: str) -> WarmupRun:
+    """`rl.launch.sft` with `overrides` in `run_dir`, on one thread: the same weights on every machine of a kernel
+    path (more threads sum in other orders), and no OpenMP barrier spinning beside other busy processes (two threads
+    beside one busy core took 223 s instead of 48 s for the visual job's warm-up)."""
+    from rl.core.subprocess_run import run_train
+
+    start = time.perf_counter()
+    result = run_train(str(run_dir), overrides, threads=1, timeout=1800, module="rl.launch.sft")
+    if result.returncode != 0:
+        raise RuntimeError(f"{name}: the warm-up's SFT run failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    with open(run_dir / "metrics.jsonl", encoding="utf-8") as lines:
+        losses = [row["sft_loss"] for row in map(json.loads, lines) if "sft_loss" in row]
+    return WarmupRun(losses, run_dir / "exports" / f"global_step_{steps}", time.perf_counter() - start)
 
 
 @torch.no_grad()

@@ -10,7 +10,6 @@ has a behaviour to reinforce. Built once per machine in the embedded cache (`emb
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import tempfile
@@ -20,11 +19,11 @@ from pathlib import Path
 
 from rl.tasks.embedded.cache import Family
 from rl.tasks.embedded.prepare import EmbeddedDefault, copy_from_cache, read_marker, seal
+from rl.tasks.embedded.warmup import RESPONSE_KEY, run_sft_warmup, sft_warmup_overrides
 
 EMBEDDED_VL = "embedded-vl"
 FAMILY = Family(name=EMBEDDED_VL, sources=Path(__file__).parent, files=("model.py", "prepare.py", "task.py"))
 SPLIT_FILES = {"train": "train.parquet", "validation": "validation.parquet"}
-RESPONSE_KEY = "reference_response"
 GREEDY_MAX_NEW_TOKENS = 24
 
 
@@ -83,7 +82,6 @@ def build_checkpoint(model_dir: Path, recipe: VlRecipe, log: Callable[[str], Non
     """The untrained model and its demonstrations in a temporary directory, the SFT run there, its export measured
     and marked, then moved to `model_dir`."""
     from rl.core.data.parquet_io import write_parquet_atomic
-    from rl.core.subprocess_run import run_train
     from rl.tasks.embedded_vl.model import build_model, build_processor, save_vl_model, tiny_vl_config
     from rl.tasks.embedded_vl.task import make_rows
 
@@ -98,17 +96,11 @@ def build_checkpoint(model_dir: Path, recipe: VlRecipe, log: Callable[[str], Non
         write_parquet_atomic(careless_rows(rows, recipe.careless_share, recipe.seed), demonstrations)
         if log is not None:
             log(f"{EMBEDDED_VL}: warming up the model with rl.launch.sft for {recipe.warmup_steps} steps")
-        run = work / "sft"
-        # one thread: the same weights on every machine (more threads sum in other orders), and no OpenMP barrier
-        # spinning beside other busy processes (2 threads beside one busy core took 223 s instead of 48 s)
-        result = run_train(str(run), sft_overrides(recipe, start, demonstrations), threads=1, timeout=1800,
-                           module="rl.launch.sft")
-        if result.returncode != 0:
-            raise RuntimeError(f"{EMBEDDED_VL}: the warm-up's SFT run failed ({result.returncode}):\n"
-                               f"{result.stderr[-3000:]}")
-        with open(run / "metrics.jsonl", encoding="utf-8") as lines:
-            losses = [row["sft_loss"] for row in map(json.loads, lines) if "sft_loss" in row]
-        export = run / "exports" / f"global_step_{recipe.warmup_steps}"
+        overrides = sft_warmup_overrides(start, demonstrations, RESPONSE_KEY, seed=recipe.seed,
+                                         steps=recipe.warmup_steps, batch_size=recipe.warmup_batch_size,
+                                         lr=recipe.warmup_lr)
+        run = run_sft_warmup(work / "sft", overrides, recipe.warmup_steps, EMBEDDED_VL)
+        losses, export = run.losses, run.export
         metrics = {"warmup_loss_first": losses[0], "warmup_loss_last": losses[-1],
                    "val_accuracy": greedy_accuracy(export, make_rows(recipe.n_val, recipe.seed, "validation"))}
         if log is not None:
@@ -118,20 +110,6 @@ def build_checkpoint(model_dir: Path, recipe: VlRecipe, log: Callable[[str], Non
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return metrics
-
-
-def sft_overrides(recipe: VlRecipe, model: Path, demonstrations: Path) -> list[str]:
-    """The warm-up as `rl.launch.sft` keys: AdamW with a short ramp, no evaluation or checkpoints, one export, fp32
-    (the same weights on any machine's default)."""
-    return [f"trainer.policy.model.path={model}", f"data.train_data=['{demonstrations}']", "data.val_data=[]",
-            f"sft.response_key={RESPONSE_KEY}", f"trainer.seed={recipe.seed}",
-            f"trainer.max_steps={recipe.warmup_steps}", f"trainer.train_batch_size={recipe.warmup_batch_size}",
-            f"trainer.micro_train_batch_size_per_gpu={recipe.warmup_batch_size}",
-            f"trainer.policy.optimizer_config.lr={recipe.warmup_lr}",
-            "trainer.policy.optimizer_config.lr_warmup_steps=20", "trainer.policy.optimizer_config.betas=[0.9,0.98]",
-            "trainer.policy.optimizer_config.weight_decay=0.0", "trainer.policy.optimizer_config.max_grad_norm=1.0",
-            "trainer.eval_interval=0", "trainer.eval_before_train=false", "trainer.ckpt_interval=0",
-            f"trainer.hf_save_interval={recipe.warmup_steps}", "trainer.bf16=false"]
 
 
 def greedy_accuracy(model_path: Path, rows: list[dict]) -> float:

@@ -1,5 +1,6 @@
 """The per-user cache of the warmed-up embedded model: built once, copied into later run dirs, verified on reuse
-(a damaged entry is rebuilt), keyed by recipe, seed and code, and skipped with a warning where it cannot be written."""
+(a damaged entry is rebuilt), keyed by recipe, seed and code, and skipped with a warning where it cannot be written.
+The warm-up itself is `tests.testing.untrained_warmup`'s stand-in: the cache's bookkeeping is under test."""
 
 import shutil
 
@@ -8,10 +9,12 @@ import torch
 from safetensors.torch import load_file
 
 from rl.tasks.embedded import cache
+from rl.tasks.embedded import prepare as embedded_prepare
 from rl.tasks.embedded.cache import CACHE_ENV, default_cache_dir, entry_key
 from rl.tasks.embedded.prepare import Recipe, prepare_embedded_default
+from tests.testing.untrained_warmup import UntrainedWarmup
 
-SEED, STEPS = 5, 2  # a warm-up of two steps: the cache's bookkeeping, not the model's quality, is under test
+SEED, STEPS = 5, 2
 
 
 def weights(model_dir):
@@ -28,11 +31,20 @@ def prepare(workdir, cache_dir, messages=None):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def warm_ups():
+    """Every warm-up the tests below start, in order."""
+    warm_up = UntrainedWarmup()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(embedded_prepare, "warm_up_model", warm_up)
+        yield warm_up.recipes
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, warm_ups):
     """A cache holding one entry, the run dir of the call that built it, and that call's messages."""
-    torch.set_num_threads(1)
     root, messages = tmp_path_factory.mktemp("cache"), []
     job = prepare(tmp_path_factory.mktemp("run"), root, messages)
+    assert warm_ups == [Recipe(seed=SEED, warmup_steps=STEPS)]
     return root, job, messages
 
 
@@ -40,20 +52,19 @@ def entry_of(root):
     return root / "embedded" / entry_key(Recipe(seed=SEED, warmup_steps=STEPS))
 
 
-def test_the_first_run_dir_pays_the_warm_up_and_later_ones_copy_the_entry(built, tmp_path):
-    root, first, messages = built
-    assert any("warming up" in m for m in messages)
+def test_the_first_run_dir_pays_the_warm_up_and_later_ones_copy_the_entry(built, warm_ups, tmp_path):
+    root, first, _ = built
     assert same_weights(weights(entry_of(root)), weights(first.model_path))
-    later_messages = []
+    later_messages, before = [], len(warm_ups)
     later = prepare(tmp_path, root, later_messages)
-    assert not any("warming up" in m for m in later_messages)
+    assert len(warm_ups) == before, "a later run dir warmed up again"
     assert any(str(entry_of(root)) in m for m in later_messages)
     assert later.model_path == tmp_path / "model"  # a copy in the run dir, not the entry itself
     assert same_weights(weights(later.model_path), weights(first.model_path))
     assert later.metrics == first.metrics
 
 
-def test_a_damaged_entry_is_rebuilt_and_never_used(built, tmp_path, capsys):
+def test_a_damaged_entry_is_rebuilt_and_never_used(built, warm_ups, tmp_path, capsys):
     root, first, _ = built
     good = weights(first.model_path)
     damaged = root / "damaged"
@@ -63,11 +74,11 @@ def test_a_damaged_entry_is_rebuilt_and_never_used(built, tmp_path, capsys):
     data[-8:] = bytes(8)  # the last weights' bytes: the file still loads, with other numbers
     blob.write_bytes(bytes(data))
     assert not same_weights(weights(entry_of(damaged)), good)
-    messages = []
-    job = prepare(tmp_path, damaged, messages)
+    before = len(warm_ups)
+    job = prepare(tmp_path, damaged)
     assert "model.safetensors changed" in capsys.readouterr().err
-    assert any("warming up" in m for m in messages)
-    assert same_weights(weights(job.model_path), good)  # the warm-up is deterministic: rebuilt equals the original
+    assert len(warm_ups) == before + 1, "the damaged entry was not rebuilt"
+    assert same_weights(weights(job.model_path), good)  # the same recipe builds the same weights
     assert same_weights(weights(entry_of(damaged)), good)
     assert cache.damage(entry_of(damaged), Recipe(seed=SEED, warmup_steps=STEPS)) == []
 
@@ -86,12 +97,14 @@ def test_the_key_follows_the_seed_the_recipe_and_the_code(tmp_path):
     assert entry_key(recipe, copy) != entry_key(recipe)
 
 
-def test_an_unwritable_cache_falls_back_to_the_run_dir_with_a_warning(built, tmp_path, capsys):
+def test_an_unwritable_cache_falls_back_to_the_run_dir_with_a_warning(built, warm_ups, tmp_path, capsys):
     _, first, _ = built
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("a file where the cache would go")
+    before = len(warm_ups)
     job = prepare(tmp_path / "run", blocked)
     assert "cannot be written" in capsys.readouterr().err
+    assert len(warm_ups) == before + 1, "warmed up in the run dir"
     assert blocked.is_file()
     assert same_weights(weights(job.model_path), weights(first.model_path))
 

@@ -1,15 +1,24 @@
-"""Supervised warm-up: the loss falls, a seed fixes the run, the model beats chance; batched greedy decoding
-matches one-prompt-at-a-time decoding."""
+"""The embedded job's warm-up, an `rl.launch.sft` run on demonstrations: the loss falls and the model beats chance on
+unseen problems; batched greedy decoding matches one-prompt-at-a-time decoding; careless demonstrations."""
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
+from rl.core.data.parquet_io import write_parquet_atomic
 from rl.core.rewards import REWARD_FUNCTIONS
 from rl.tasks import rewards as _task_rewards  # noqa: F401  (registers the tasks' reward functions)
-from rl.tasks.embedded.model import build_model, tiny_model_config
+from rl.tasks.embedded.model import build_model, save_pretrained_model, tiny_model_config
 from rl.tasks.embedded.task import TaskSpec, make_task_rows
 from rl.tasks.embedded.tokenizer import build_tokenizer
-from rl.tasks.embedded.warmup import careless_demonstrations, generate_responses, greedy_accuracy, sft_warmup
+from rl.tasks.embedded.warmup import (
+    RESPONSE_KEY,
+    careless_demonstrations,
+    generate_responses,
+    greedy_accuracy,
+    run_sft_warmup,
+    sft_warmup_overrides,
+)
 
 # A small problem space (operands 10..29, drawn uniformly) that the model learns in a few seconds.
 SPEC = TaskSpec(min_operand=10, max_operand=29, carry_share=None)
@@ -27,28 +36,20 @@ def rows():
 
 
 @pytest.fixture(scope="module")
-def trained(tokenizer, rows):
-    torch.set_num_threads(1)
-    model = build_model(tiny_model_config(tokenizer), seed=0)
-    metrics = sft_warmup(model, tokenizer, rows[0], STEPS, LR, BATCH, seed=0)
-    return model, metrics
+def trained(tokenizer, rows, tmp_path_factory):
+    work = tmp_path_factory.mktemp("warmup")
+    start = save_pretrained_model(build_model(tiny_model_config(tokenizer), seed=0), tokenizer, work / "untrained")
+    write_parquet_atomic(rows[0], work / "demonstrations.parquet")
+    overrides = sft_warmup_overrides(start, work / "demonstrations.parquet", RESPONSE_KEY, seed=0, steps=STEPS,
+                                     batch_size=BATCH, lr=LR)
+    run = run_sft_warmup(work / "sft", overrides, STEPS, "test")
+    return AutoModelForCausalLM.from_pretrained(run.export, dtype=torch.float32).eval(), run
 
 
 def test_loss_falls(trained):
-    _, metrics = trained
-    losses = metrics["losses"]
-    assert len(losses) == STEPS and metrics["loss_first"] == losses[0]
-    assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:10]) / 10
-
-
-def test_the_same_seed_repeats_the_run(tokenizer, rows):
-    runs = []
-    for _ in range(2):
-        model = build_model(tiny_model_config(tokenizer), seed=4)
-        runs.append(sft_warmup(model, tokenizer, rows[0], 6, LR, 8, seed=4)["losses"])
-    other = sft_warmup(build_model(tiny_model_config(tokenizer), seed=4), tokenizer, rows[0], 6, LR, 8, seed=5)
-    assert runs[0] == runs[1]
-    assert other["losses"] != runs[0]
+    _, run = trained
+    assert len(run.losses) == STEPS
+    assert sum(run.losses[-10:]) / 10 < 0.5 * sum(run.losses[:10]) / 10
 
 
 def test_warmed_up_model_beats_chance_on_unseen_problems(tokenizer, rows, trained):
@@ -72,9 +73,9 @@ def test_careless_demonstrations_forget_the_carry_in_a_seeded_share(rows):
     train = rows[0]
     careless = careless_demonstrations(train, 0.75, seed=1)
     carrying = [position for position, row in enumerate(train) if row["carries"]]
-    forgotten = [p for p in carrying if careless[p]["reference_response"] != train[p]["reference_response"]]
+    forgotten = [p for p in carrying if careless[p][RESPONSE_KEY] != train[p][RESPONSE_KEY]]
     assert len(forgotten) == round(0.75 * len(carrying))
-    assert all(careless[p]["reference_response"] == train[p]["careless_response"] for p in forgotten)
+    assert all(careless[p][RESPONSE_KEY] == train[p]["careless_response"] for p in forgotten)
     untouched = [p for p in range(len(train)) if p not in set(forgotten)]
     assert all(careless[p] == train[p] for p in untouched)
     assert careless == careless_demonstrations(train, 0.75, seed=1)
