@@ -20,7 +20,7 @@ def test_the_embedded_default_learns_in_the_retry_environment(tmp_path):
     rows = read_metrics(f"{run_dir}/metrics.jsonl")
     val = {r["step"]: r["val_accuracy"] for r in rows if "val_accuracy" in r}
     train = [r for r in rows if r["step"] >= 1]
-    assert val[STEPS] > val[0] + 0.3, val  # the default job's curve: about 0.22 -> 0.9 by step 12
+    assert val[STEPS] > val[0] + 0.3, val  # measured with one thread: 0.1975 -> 0.595 at step 12 (seed 42)
     first = train[0]
     assert 1.0 < first["turns_mean"] <= 2.0 and first["env/attempts"] == first["turns_mean"]
     assert first["reward_mean"] <= first["env/solved"] + 1e-6  # a second-attempt solve earns 0.5, a first one 1
