@@ -25,11 +25,12 @@ CACHE_ENV = "RLPOST_CACHE_DIR"
 MARKER = "embedded.json"  # the checkpoint marker of `rl.tasks.embedded.prepare`
 SOURCES = Path(__file__).parent
 WEIGHT_SOURCES = ("model.py", "prepare.py", "task.py", "tokenizer.py", "warmup.py")  # what the weights depend on
-# the modules of the warm-up's `rl.launch.sft` run (fsdp2, one worker) that its numbers go through: the data's
-# encoding, packing, the loss, the schedule, the step; relative to the `rl` package
-RUN_SOURCES = ("core/data/supervised.py", "core/packing/batch.py", "core/packing/builders.py",
-               "core/algorithms/sft_loss.py", "core/algorithms/lr_schedule.py", "trainer/supervised.py",
-               "trainer/sft_loop.py", "backends/base.py", "backends/fsdp2.py", "backends/hf_forward.py",
+# the files of the warm-up's `rl.launch.sft` run (the default strategy on one worker) that its numbers go through: the
+# defaults, the data's encoding, packing, the loss, the schedule, the step; relative to the `rl` package. The default
+# strategy's backend module is added through the registry (`run_source_files`).
+RUN_SOURCES = ("core/config/defaults.yaml", "core/data/supervised.py", "core/packing/batch.py",
+               "core/packing/builders.py", "core/algorithms/sft_loss.py", "core/algorithms/lr_schedule.py",
+               "trainer/supervised.py", "trainer/sft_loop.py", "backends/base.py", "backends/hf_forward.py",
                "backends/hf_model.py", "backends/worker.py")
 RL_PACKAGE = SOURCES.parents[1]
 
@@ -64,10 +65,21 @@ def entry_key(recipe, family: Family = EMBEDDED_FAMILY) -> str:
     digest = hashlib.sha256(json.dumps(asdict(recipe), sort_keys=True).encode())
     for name in family.files:
         digest.update(name.encode() + b"\0" + (sources / name).read_bytes() + b"\0")
-    for name in family.run_sources:
-        digest.update(name.encode() + b"\0" + (RL_PACKAGE / name).read_bytes() + b"\0")
+    for path in run_source_files(family.run_sources):
+        digest.update(path.relative_to(RL_PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(f"torch {torch.__version__} transformers {transformers.__version__}".encode())
     return digest.hexdigest()[:24]
+
+
+def run_source_files(names: tuple[str, ...]) -> list[Path]:
+    """`names` under the `rl` package, and the module of the backend that defaults.yaml's strategy names."""
+    import yaml
+
+    from rl.backends.registry import STRATEGIES
+
+    strategy = yaml.safe_load((RL_PACKAGE / "core/config/defaults.yaml").read_text())["trainer"]["strategy"]
+    module = STRATEGIES.get(strategy).backend.partition(":")[0]
+    return [RL_PACKAGE / name for name in names] + [RL_PACKAGE.parent / (module.replace(".", "/") + ".py")]
 
 
 def file_digests(directory: Path) -> dict[str, str]:

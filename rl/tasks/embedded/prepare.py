@@ -155,8 +155,8 @@ def copy_from_cache(model_dir: Path, recipe, cache_dir: Path, log: Callable[[str
 
 
 def warm_up_model(work: Path, recipe: Recipe, log: Callable[[str], None] | None) -> tuple[dict[str, float], Path]:
-    """The untrained model and its demonstrations under `work`, the warm-up's `rl.launch.sft` run there (fsdp2, one
-    worker), its export measured: (figures, the export's directory)."""
+    """The untrained model and its demonstrations under `work`, the warm-up's `rl.launch.sft` run there (the default
+    strategy, one worker), its export measured: (figures, the export's directory)."""
     from transformers import AutoModelForCausalLM
 
     from rl.core.data.parquet_io import write_parquet_atomic

@@ -52,11 +52,12 @@ class WarmupRun:
 
 def sft_warmup_overrides(model: Path, demonstrations: Path, response_key: str, *, seed: int, steps: int,
                          batch_size: int, lr: float) -> list[str]:
-    """A warm-up as `rl.launch.sft` keys: fsdp2 on one worker, AdamW (betas 0.9/0.98, no weight decay, gradients
-    clipped at 1) after a WARMUP_RAMP_STEPS linear ramp, one batch of `batch_size` rows per step, no evaluation or
-    checkpoints, one export at the last step, fp32 (the same weights on any machine's default)."""
+    """A warm-up as `rl.launch.sft` keys: the default strategy (defaults.yaml's, fsdp2) on one worker, AdamW (betas
+    0.9/0.98, no weight decay, gradients clipped at 1) after a WARMUP_RAMP_STEPS linear ramp, one batch of
+    `batch_size` rows per step, no evaluation or checkpoints, one export at the last step, fp32 (the same weights on
+    any machine's default)."""
     return [f"trainer.policy.model.path={model}", f"data.train_data=['{demonstrations}']", "data.val_data=[]",
-            f"sft.response_key={response_key}", "trainer.strategy=fsdp2", f"trainer.seed={seed}",
+            f"sft.response_key={response_key}", f"trainer.seed={seed}",
             f"trainer.max_steps={steps}", f"trainer.train_batch_size={batch_size}",
             f"trainer.micro_train_batch_size_per_gpu={batch_size}", f"trainer.policy.optimizer_config.lr={lr}",
             f"trainer.policy.optimizer_config.lr_warmup_steps={WARMUP_RAMP_STEPS}",
