@@ -23,13 +23,7 @@ from rl.tasks.embedded.cache import EMBEDDED_FAMILY, Family, cached_checkpoint, 
 from rl.tasks.embedded.model import build_model, save_pretrained_model, tiny_model_config
 from rl.tasks.embedded.task import SPLIT_FILES, make_task_rows, write_task_dataset
 from rl.tasks.embedded.tokenizer import build_tokenizer
-from rl.tasks.embedded.warmup import (
-    RESPONSE_KEY,
-    careless_demonstrations,
-    greedy_accuracy,
-    run_sft_warmup,
-    sft_warmup_overrides,
-)
+from rl.tasks.embedded.warmup import careless_demonstrations, greedy_accuracy, sft_warmup
 
 MARKER = "embedded.json"
 RECIPE_VERSION = 3  # 3: the warm-up is an rl.launch.sft run
@@ -159,21 +153,16 @@ def warm_up_model(work: Path, recipe: Recipe, log: Callable[[str], None] | None)
     strategy, one worker), its export measured: (figures, the export's directory)."""
     from transformers import AutoModelForCausalLM
 
-    from rl.core.data.parquet_io import write_parquet_atomic
-
     tokenizer = build_tokenizer()
     untrained = save_pretrained_model(build_model(tiny_model_config(tokenizer, recipe.model_size), recipe.seed),
                                       tokenizer, work / "untrained")
-    demonstrations = work / "demonstrations.parquet"
     train = make_task_rows(recipe.n_train, recipe.seed, "train")
-    write_parquet_atomic(careless_demonstrations(train, recipe.forget_rate, recipe.seed), demonstrations)
     if log is not None:
         log(f"embedded default: warming up a {recipe.model_size} model with rl.launch.sft for {recipe.warmup_steps} "
             "steps")
-    overrides = sft_warmup_overrides(untrained, demonstrations, RESPONSE_KEY, seed=recipe.seed,
-                                     steps=recipe.warmup_steps, batch_size=recipe.warmup_batch_size,
-                                     lr=recipe.warmup_lr)
-    run = run_sft_warmup(work / "sft", overrides, recipe.warmup_steps, "embedded default")
+    run = sft_warmup(work / "sft", untrained, careless_demonstrations(train, recipe.forget_rate, recipe.seed),
+                     "embedded default", seed=recipe.seed, steps=recipe.warmup_steps,
+                     batch_size=recipe.warmup_batch_size, lr=recipe.warmup_lr)
     model = AutoModelForCausalLM.from_pretrained(run.export, dtype=torch.float32)
     validation = make_task_rows(recipe.n_val, recipe.seed, "validation")
     metrics = {

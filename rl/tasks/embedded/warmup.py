@@ -50,29 +50,30 @@ class WarmupRun:
     seconds: float
 
 
-def sft_warmup_overrides(model: Path, demonstrations: Path, response_key: str, *, seed: int, steps: int,
-                         batch_size: int, lr: float) -> list[str]:
-    """A warm-up as `rl.launch.sft` keys: the default strategy (defaults.yaml's, fsdp2) on one worker, AdamW (betas
-    0.9/0.98, no weight decay, gradients clipped at 1) after a WARMUP_RAMP_STEPS linear ramp, one batch of
-    `batch_size` rows per step, no evaluation or checkpoints, one export at the last step, fp32 (the same weights on
-    any machine's default)."""
-    return [f"trainer.policy.model.path={model}", f"data.train_data=['{demonstrations}']", "data.val_data=[]",
-            f"sft.response_key={response_key}", f"trainer.seed={seed}",
-            f"trainer.max_steps={steps}", f"trainer.train_batch_size={batch_size}",
-            f"trainer.micro_train_batch_size_per_gpu={batch_size}", f"trainer.policy.optimizer_config.lr={lr}",
-            f"trainer.policy.optimizer_config.lr_warmup_steps={WARMUP_RAMP_STEPS}",
-            "trainer.policy.optimizer_config.betas=[0.9,0.98]", "trainer.policy.optimizer_config.weight_decay=0.0",
-            "trainer.policy.optimizer_config.max_grad_norm=1.0", "trainer.eval_interval=0",
-            "trainer.eval_before_train=false", "trainer.ckpt_interval=0", f"trainer.hf_save_interval={steps}",
-            "trainer.bf16=false"]
+def sft_warmup(run_dir: Path, model: Path, demonstrations: Sequence[dict], name: str, *, seed: int, steps: int,
+               batch_size: int, lr: float) -> WarmupRun:
+    """Warm `model` up on `demonstrations` (rows with a prompt and a RESPONSE_KEY response) by an `rl.launch.sft` run in
+    `run_dir`: the default strategy (defaults.yaml's, fsdp2) on one worker, AdamW (betas 0.9/0.98, no weight decay,
+    gradients clipped at 1) after a WARMUP_RAMP_STEPS linear ramp, one batch of `batch_size` rows per step, no
+    evaluation or checkpoints, one export at the last step, fp32 (the same weights on any machine's default).
 
-
-def run_sft_warmup(run_dir: Path, overrides: list[str], steps: int, name: str) -> WarmupRun:
-    """`rl.launch.sft` with `overrides` in `run_dir`, on one thread: the same weights on every machine of a kernel
-    path (more threads sum in other orders), and no OpenMP barrier spinning beside other busy processes (two threads
-    beside one busy core took 223 s instead of 48 s for the visual job's warm-up)."""
+    One thread: the same weights on every machine of a kernel path (more threads sum in other orders), and no OpenMP
+    barrier spinning beside other busy processes (two threads beside one busy core took 223 s instead of 48 s for the
+    visual job's warm-up)."""
+    from rl.core.data.parquet_io import write_parquet_atomic
     from rl.core.subprocess_run import run_train
 
+    rows = run_dir.parent / f"{run_dir.name}-demonstrations.parquet"
+    write_parquet_atomic(list(demonstrations), rows)
+    overrides = [f"trainer.policy.model.path={model}", f"data.train_data=['{rows}']", "data.val_data=[]",
+                 f"sft.response_key={RESPONSE_KEY}", f"trainer.seed={seed}", f"trainer.max_steps={steps}",
+                 f"trainer.train_batch_size={batch_size}", f"trainer.micro_train_batch_size_per_gpu={batch_size}",
+                 f"trainer.policy.optimizer_config.lr={lr}",
+                 f"trainer.policy.optimizer_config.lr_warmup_steps={WARMUP_RAMP_STEPS}",
+                 "trainer.policy.optimizer_config.betas=[0.9,0.98]", "trainer.policy.optimizer_config.weight_decay=0.0",
+                 "trainer.policy.optimizer_config.max_grad_norm=1.0", "trainer.eval_interval=0",
+                 "trainer.eval_before_train=false", "trainer.ckpt_interval=0", f"trainer.hf_save_interval={steps}",
+                 "trainer.bf16=false"]
     start = time.perf_counter()
     result = run_train(str(run_dir), overrides, threads=1, timeout=1800, module="rl.launch.sft")
     if result.returncode != 0:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rl.tasks.embedded.cache import Family
 from rl.tasks.embedded.prepare import EmbeddedDefault, copy_from_cache, read_marker, seal
-from rl.tasks.embedded.warmup import RESPONSE_KEY, run_sft_warmup, sft_warmup_overrides
+from rl.tasks.embedded.warmup import RESPONSE_KEY, sft_warmup
 
 EMBEDDED_VL = "embedded-vl"
 FAMILY = Family(name=EMBEDDED_VL, sources=Path(__file__).parent, files=("model.py", "prepare.py", "task.py"))
@@ -81,7 +81,6 @@ def careless_rows(rows: list[dict], share: float, seed: int) -> list[dict]:
 def build_checkpoint(model_dir: Path, recipe: VlRecipe, log: Callable[[str], None] | None) -> dict[str, float]:
     """The untrained model and its demonstrations in a temporary directory, the SFT run there, its export measured
     and marked, then moved to `model_dir`."""
-    from rl.core.data.parquet_io import write_parquet_atomic
     from rl.tasks.embedded_vl.model import build_model, build_processor, save_vl_model, tiny_vl_config
     from rl.tasks.embedded_vl.task import make_rows
 
@@ -91,15 +90,12 @@ def build_checkpoint(model_dir: Path, recipe: VlRecipe, log: Callable[[str], Non
         processor = build_processor()
         start = save_vl_model(build_model(tiny_vl_config(processor.tokenizer), recipe.seed), processor,
                               work / "untrained")
-        demonstrations = work / "demonstrations.parquet"
         rows = make_rows(recipe.n_train, recipe.seed, "train")
-        write_parquet_atomic(careless_rows(rows, recipe.careless_share, recipe.seed), demonstrations)
         if log is not None:
             log(f"{EMBEDDED_VL}: warming up the model with rl.launch.sft for {recipe.warmup_steps} steps")
-        overrides = sft_warmup_overrides(start, demonstrations, RESPONSE_KEY, seed=recipe.seed,
-                                         steps=recipe.warmup_steps, batch_size=recipe.warmup_batch_size,
-                                         lr=recipe.warmup_lr)
-        run = run_sft_warmup(work / "sft", overrides, recipe.warmup_steps, EMBEDDED_VL)
+        run = sft_warmup(work / "sft", start, careless_rows(rows, recipe.careless_share, recipe.seed), EMBEDDED_VL,
+                         seed=recipe.seed, steps=recipe.warmup_steps, batch_size=recipe.warmup_batch_size,
+                         lr=recipe.warmup_lr)
         losses, export = run.losses, run.export
         metrics = {"warmup_loss_first": losses[0], "warmup_loss_last": losses[-1],
                    "val_accuracy": greedy_accuracy(export, make_rows(recipe.n_val, recipe.seed, "validation"))}

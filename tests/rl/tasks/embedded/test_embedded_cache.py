@@ -41,11 +41,11 @@ def warm_ups():
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, warm_ups):
-    """A cache holding one entry, the run dir of the call that built it, and that call's messages."""
-    root, messages = tmp_path_factory.mktemp("cache"), []
-    job = prepare(tmp_path_factory.mktemp("run"), root, messages)
+    """A cache holding one entry, and the run dir of the call that built it."""
+    root = tmp_path_factory.mktemp("cache")
+    job = prepare(tmp_path_factory.mktemp("run"), root)
     assert warm_ups == [Recipe(seed=SEED, warmup_steps=STEPS)]
-    return root, job, messages
+    return root, job
 
 
 def entry_of(root):
@@ -53,7 +53,7 @@ def entry_of(root):
 
 
 def test_the_first_run_dir_pays_the_warm_up_and_later_ones_copy_the_entry(built, warm_ups, tmp_path):
-    root, first, _ = built
+    root, first = built
     assert same_weights(weights(entry_of(root)), weights(first.model_path))
     later_messages, before = [], len(warm_ups)
     later = prepare(tmp_path, root, later_messages)
@@ -65,7 +65,7 @@ def test_the_first_run_dir_pays_the_warm_up_and_later_ones_copy_the_entry(built,
 
 
 def test_a_damaged_entry_is_rebuilt_and_never_used(built, warm_ups, tmp_path, capsys):
-    root, first, _ = built
+    root, first = built
     good = weights(first.model_path)
     damaged = root / "damaged"
     shutil.copytree(root / "embedded", damaged / "embedded")
@@ -98,7 +98,7 @@ def test_the_key_follows_the_seed_the_recipe_and_the_code(tmp_path):
 
 
 def test_an_unwritable_cache_falls_back_to_the_run_dir_with_a_warning(built, warm_ups, tmp_path, capsys):
-    _, first, _ = built
+    _, first = built
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("a file where the cache would go")
     before = len(warm_ups)

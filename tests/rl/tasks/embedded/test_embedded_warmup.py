@@ -5,7 +5,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rl.core.data.parquet_io import write_parquet_atomic
 from rl.core.rewards import REWARD_FUNCTIONS
 from rl.tasks import rewards as _task_rewards  # noqa: F401  (registers the tasks' reward functions)
 from rl.tasks.embedded.model import build_model, save_pretrained_model, tiny_model_config
@@ -16,8 +15,7 @@ from rl.tasks.embedded.warmup import (
     careless_demonstrations,
     generate_responses,
     greedy_accuracy,
-    run_sft_warmup,
-    sft_warmup_overrides,
+    sft_warmup,
 )
 
 # A small problem space (operands 10..29, drawn uniformly) that the model learns in a few seconds.
@@ -39,10 +37,7 @@ def rows():
 def trained(tokenizer, rows, tmp_path_factory):
     work = tmp_path_factory.mktemp("warmup")
     start = save_pretrained_model(build_model(tiny_model_config(tokenizer), seed=0), tokenizer, work / "untrained")
-    write_parquet_atomic(rows[0], work / "demonstrations.parquet")
-    overrides = sft_warmup_overrides(start, work / "demonstrations.parquet", RESPONSE_KEY, seed=0, steps=STEPS,
-                                     batch_size=BATCH, lr=LR)
-    run = run_sft_warmup(work / "sft", overrides, STEPS, "test")
+    run = sft_warmup(work / "sft", start, rows[0], "test", seed=0, steps=STEPS, batch_size=BATCH, lr=LR)
     return AutoModelForCausalLM.from_pretrained(run.export, dtype=torch.float32).eval(), run
 
 
