@@ -86,7 +86,7 @@ def build_worker(model_path: str, lr: float = 1e-5):
 
     worker = TrainingWorker(rank=0, world_size=1, seed=0)
     spec = ModelSpec(path=model_path, role="policy", temperature=1.0, lr=lr)
-    worker.setup("127.0.0.1", free_port(), "fsdp2", spec, None)
+    worker.setup(*worker.host_rendezvous(1), "fsdp2", spec, None)
     return worker
 
 

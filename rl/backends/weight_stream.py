@@ -23,9 +23,9 @@ from rl.core.generation.shared_weights import fill, layout, unpack
 TIMEOUT = timedelta(minutes=30)
 
 
-def join_group(host: str, port: int, rank: int, world_size: int, backend: str) -> dist.ProcessGroup:
-    """This process's member of the weight group (rank 0 hosts the store); collective: all members call it."""
-    store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=TIMEOUT)
+def join_group(store: dist.Store, rank: int, world_size: int, backend: str) -> dist.ProcessGroup:
+    """This process's member of the weight group, met at `store` (`rl.backends.dist.host_store` in training rank 0,
+    `connect_store` elsewhere); collective: all members call it."""
     prefixed = dist.PrefixStore("weights", store)
     if backend == "nccl":
         return dist.ProcessGroupNCCL(prefixed, rank, world_size)

@@ -11,10 +11,11 @@ import os
 import socket
 
 import torch
+import torch.distributed as dist
 
 from rl.backends.base import DataParallelRank, ModelSpec
 from rl.backends.cores import pin_to_assigned_cores
-from rl.backends.dist import init_distributed
+from rl.backends.dist import connect_store, host_store, init_distributed
 from rl.backends.lifeline import exit_with_parent
 from rl.backends.registry import build_backend
 from rl.core.algorithms import LossNormalizer, LossSettings
@@ -30,6 +31,7 @@ class TrainingWorker:
         pin_to_assigned_cores()
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.policy = self.ref = self.critic = None
+        self._hosted: dist.TCPStore | None = None  # the store of the group this rank is forming as its rank 0
 
     def where(self) -> str:
         """Host, Ray node and process of this rank, for the run's log and its error messages."""
@@ -38,11 +40,16 @@ class TrainingWorker:
         node = ray.get_runtime_context().get_node_id()[:8]
         return f"{socket.gethostname()} node {node} pid {os.getpid()}"
 
-    def address(self) -> tuple[str, int]:
-        """(host, free port) for the rendezvous; asked of rank 0."""
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return socket.gethostbyname(socket.gethostname()), sock.getsockname()[1]
+    def host_rendezvous(self, world_size: int) -> tuple[str, int]:
+        """Hosts the store of a group this rank forms next as its rank 0 (the training group, or the weight group with
+        the engines); returns where the other members connect. Asked of rank 0."""
+        self._hosted, host, port = host_store(world_size)
+        return host, port
+
+    def _group_store(self, host: str, port: int, world_size: int) -> dist.TCPStore:
+        """The store of the group being formed: the one this rank hosts, or a connection to the host's."""
+        store, self._hosted = self._hosted, None
+        return store if store is not None else connect_store(host, port, world_size)
 
     def setup(self, master_addr: str, master_port: int, backend: str, policy: ModelSpec | None,
               ref: ModelSpec | None, critic: ModelSpec | None = None, timeout_s: float | None = None) -> None:
@@ -50,7 +57,8 @@ class TrainingWorker:
         their own's reference or critic alone. `timeout_s`: trainer.collective_timeout_s."""
         torch.manual_seed(self.seed)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        dist_info = init_distributed(self.rank, self.world_size, master_addr, master_port, timeout_s)
+        dist_info = init_distributed(self.rank, self.world_size, master_addr, master_port, timeout_s,
+                                     self._group_store(master_addr, master_port, self.world_size))
         self.policy = build_backend(backend, policy, dist_info) if policy is not None else None
         self.ref = build_backend(backend, ref, dist_info) if ref is not None else None
         self.critic = build_backend(backend, critic, dist_info) if critic is not None else None
@@ -188,7 +196,8 @@ class TrainingWorker:
         """Rank 0 joins the process group of the engine actors as its rank 0 (`weight_stream`)."""
         from rl.backends.weight_stream import join_group
 
-        self.weight_group, self.weight_backend = join_group(host, port, 0, world_size, backend), backend
+        store = self._group_store(host, port, world_size)
+        self.weight_group, self.weight_backend = join_group(store, 0, world_size, backend), backend
 
     def stream_weights(self, bucket_bytes: int) -> dict[str, float]:
         """The policy's weights to the engines over the weight group, one bucket at a time from rank 0 (collective:

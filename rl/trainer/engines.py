@@ -102,9 +102,11 @@ class EngineActor:
 
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         """Joins training rank 0's process group for weights (`rl.backends.weight_stream`) as `rank`."""
+        from rl.backends.dist import connect_store
         from rl.backends.weight_stream import join_group
 
-        self.weight_group, self.weight_backend = join_group(host, port, rank, world_size, backend), backend
+        store = connect_store(host, port, world_size)
+        self.weight_group, self.weight_backend = join_group(store, rank, world_size, backend), backend
 
     def receive_weights(self) -> int:
         """Loads every bucket rank 0 streams until it ends the stream; returns how many."""

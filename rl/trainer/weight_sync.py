@@ -61,8 +61,8 @@ class CollectiveSync:
         import ray
 
         self.group, self.engines, self.bucket_bytes = group, engines, bucket_mb << 20
-        host, port = ray.get(group.actors[0].address.remote())
         world = 1 + len(engines.actors)
+        host, port = ray.get(group.actors[0].host_rendezvous.remote(world))
         ray.get([group.actors[0].join_weight_group.remote(host, port, world, backend)]
                 + [a.join_weight_group.remote(host, port, i + 1, world, backend)
                    for i, a in enumerate(engines.actors)])

@@ -119,7 +119,7 @@ class WorkerGroup:
         """Every worker joins the process group and builds `backend` (`package.module:Class`) for each model."""
         import ray
 
-        host, port = ray.get(self.actors[0].address.remote())
+        host, port = ray.get(self.actors[0].host_rendezvous.remote(len(self.actors)))
         self.call("setup", host, port, backend, policy_spec, ref_spec, critic_spec, self.collective_timeout_s)
         if policy_spec is None:
             self.role = "reference worker" if ref_spec is not None else "critic worker"

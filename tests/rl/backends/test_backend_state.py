@@ -20,7 +20,7 @@ from tests.testing.tiny_job import make_tiny_job
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    info = init_distributed(0, 1, "127.0.0.1", 29631)
+    info = init_distributed(0, 1, "127.0.0.1", 0)
     assert info.device.type == "cpu"
     yield make_tiny_job(str(tmp_path_factory.mktemp("job"))).model_path
     dist.destroy_process_group()
@@ -37,7 +37,7 @@ SCHEDULED_RATES = [1e-2, 1e-2, 5.5e-3, 1e-3, 1e-3]
 
 def _backend(path, strategy, **schedule):
     spec = ModelSpec(path=path, role="policy", temperature=1.0, lr=1e-2, **schedule)
-    return build_backend(strategy, spec, init_distributed(0, 1, "127.0.0.1", 29631))
+    return build_backend(strategy, spec, init_distributed(0, 1, "127.0.0.1", 0))
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -144,7 +144,7 @@ def test_cpu_offload_on_a_cpu_machine_trains_like_without_it(model_path, strateg
     from rl.backends import fsdp_config
 
     fsdp_config._say_once.cache_clear()  # said once per process: this case must hear it
-    info = init_distributed(0, 1, "127.0.0.1", 29631)
+    info = init_distributed(0, 1, "127.0.0.1", 0)
     built = {offload: build_backend(strategy, ModelSpec(path=model_path, role=role, temperature=1.0, lr=1e-2,
                                                         backend_options={"cpu_offload": offload}), info)
              for offload in (False, True)}

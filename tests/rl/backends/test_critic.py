@@ -27,7 +27,6 @@ from rl.core.packing import pack_sequences
 from tests.testing import tolerances
 from tests.testing.backend_steps import write_small_qwen
 
-PORT = 29673
 LR = 1e-2
 CLIP = 0.05  # small enough that the clipped term decides for some tokens at the second step
 SETTINGS = ValueLossSettings(value_clip=CLIP, loss_reduction="token_mean")
@@ -40,7 +39,7 @@ PEFT_PREFIX = "base_model.model."  # PeftModel's prefix of the wrapped model's n
 
 @pytest.fixture(scope="module", autouse=True)
 def _process_group():
-    init_distributed(0, 1, "127.0.0.1", PORT)
+    init_distributed(0, 1, "127.0.0.1", 0)
     yield
     dist.destroy_process_group()
 
@@ -65,7 +64,7 @@ def _critic(path, strategy, lora=None):
     # float32 on every device (trainer.bf16=false): the oracle is float32
     spec = ModelSpec(path=path, role="critic", temperature=1.0, lr=LR, weight_decay=0.0, backend_options=options,
                      bf16=False, lora=lora)
-    return build_backend(name, spec, init_distributed(0, 1, "127.0.0.1", PORT))
+    return build_backend(name, spec, init_distributed(0, 1, "127.0.0.1", 0))
 
 
 def _oracle(path, critic=None, lora=None):

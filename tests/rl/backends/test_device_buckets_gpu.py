@@ -15,7 +15,6 @@ import torch.multiprocessing as mp
 from rl.backends.base import ModelSpec
 from rl.backends.dist import init_distributed
 from rl.backends.registry import build_backend
-from tests.testing.ports import free_port
 from tests.testing.tiny_job import make_tiny_job
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -25,7 +24,7 @@ BUCKET_BYTES = 1 << 16
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory):
     """(the tiny job's model, this process as the one rank of an nccl group)."""
-    info = init_distributed(0, 1, "127.0.0.1", free_port())
+    info = init_distributed(0, 1, "127.0.0.1", 0)
     assert info.device.type == "cuda"
     yield make_tiny_job(str(tmp_path_factory.mktemp("job"))).model_path, info
     dist.destroy_process_group()

@@ -16,7 +16,6 @@ from rl.core.packing import pack_sequences, pad_sequences
 from tests.testing import tolerances
 from tests.testing.loss_settings import FUSED_LOSS_SETTINGS
 
-PORT = 29647
 VOCAB = 96
 
 SETTINGS = FUSED_LOSS_SETTINGS
@@ -31,7 +30,7 @@ CASES = [  # (strategy, backend options); ZeRO-3 partitions the head weight even
 
 @pytest.fixture(scope="module", autouse=True)
 def _process_group():
-    init_distributed(0, 1, "127.0.0.1", PORT)
+    init_distributed(0, 1, "127.0.0.1", 0)
     yield
     dist.destroy_process_group()
 
@@ -72,7 +71,7 @@ def _batch(padded: bool, oracle, on_policy: bool):
 def _backend(path, strategy, options, fused):
     spec = ModelSpec(path=path, role="policy", temperature=0.8, backend_options=options, fused_kernels=fused,
                      fused_chunk_size=5 if fused else None)
-    return build_backend(strategy, spec, init_distributed(0, 1, "127.0.0.1", PORT))
+    return build_backend(strategy, spec, init_distributed(0, 1, "127.0.0.1", 0))
 
 
 def _grads(backend) -> dict[str, torch.Tensor]:

@@ -23,7 +23,6 @@ from rl.core.algorithms import LossNormalizer, LossSettings
 from tests.testing import tolerances
 from tests.testing.backend_steps import oracle_step, small_batch, write_small_qwen
 
-PORT = 29671
 LORA = dict(rank=8, alpha=16, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                            "up_proj", "down_proj"],
             exclude_modules=None, init_method="gaussian", merge_on_export=False)
@@ -33,7 +32,7 @@ LR = 1e-2
 
 @pytest.fixture(scope="module", autouse=True)
 def _process_group():
-    init_distributed(0, 1, "127.0.0.1", PORT)
+    init_distributed(0, 1, "127.0.0.1", 0)
     yield
     dist.destroy_process_group()
 
@@ -57,7 +56,7 @@ def _backend(path, strategy=STRATEGIES["fsdp2"], lora=LORA):
     name, options = strategy
     spec = ModelSpec(path=path, role="policy", temperature=1.0, lr=LR, weight_decay=0.0, lora=lora,
                      backend_options=options, bf16=False)
-    return build_backend(name, spec, init_distributed(0, 1, "127.0.0.1", PORT))
+    return build_backend(name, spec, init_distributed(0, 1, "127.0.0.1", 0))
 
 
 def _own(backend):

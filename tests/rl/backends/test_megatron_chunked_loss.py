@@ -14,7 +14,7 @@ from rl.core.algorithms import compute_policy_loss
 from rl.core.algorithms.kl import K3_BOUND
 from rl.kernels.reference.policy_terms import plan_loss
 from tests.testing.loss_settings import FUSED_LOSS_SETTINGS
-from tests.testing.ports import free_port
+from tests.testing.rendezvous import join, rendezvous
 from tests.testing.tolerances import (
     assert_within,
     log_softmax_gaps,
@@ -84,8 +84,7 @@ def _bounds(settings, x, normalizer, old, logits, lp, entropy, grad_logits, w1, 
 
 
 def _worker(rank, port, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=TP)
+    join(rank, TP, port)
     torch.set_num_threads(1)
     try:
         x = _inputs()
@@ -110,7 +109,8 @@ def _worker(rank, port, out_dir):
 @pytest.fixture(scope="module")
 def tp_results(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("tp"))
-    mp.spawn(_worker, args=(free_port(), out), nprocs=TP)
+    with rendezvous(TP) as port:
+        mp.spawn(_worker, args=(port, out), nprocs=TP)
     return [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(TP)]
 
 

@@ -107,7 +107,6 @@ def test_a_text_model_refuses_images(checkpoint, tmp_path):
         batch_logprobs(load_causal_lm(str(text_path), torch.device("cpu")), batch, 1.0, False)
 
 
-PORT = 29683
 LR = 1e-2
 ZERO3 = {"zero_optimization": {"stage": 3}}
 LORA = dict(rank=4, alpha=8, dropout=0.0, target_modules=["all-linear"], exclude_modules=["o_proj"],
@@ -125,7 +124,7 @@ def process_group():
 
     from rl.backends.dist import init_distributed
 
-    yield init_distributed(0, 1, "127.0.0.1", PORT)
+    yield init_distributed(0, 1, "127.0.0.1", 0)
     dist.destroy_process_group()
 
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a G
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    info = init_distributed(0, 1, "127.0.0.1", 29641)
+    info = init_distributed(0, 1, "127.0.0.1", 0)
     assert info.device.type == "cuda"
     yield make_tiny_job(str(tmp_path_factory.mktemp("job"))).model_path
     dist.destroy_process_group()
@@ -31,7 +31,7 @@ def _parameter_devices(backend) -> set[str]:
 
 @pytest.mark.parametrize(("strategy", "role"), [("fsdp2", "policy"), ("fsdp2", "ref"), ("fsdp", "ref")])
 def test_offloaded_parameters_live_on_the_host_and_compute_the_same(model_path, strategy, role):
-    info = init_distributed(0, 1, "127.0.0.1", 29641)
+    info = init_distributed(0, 1, "127.0.0.1", 0)
     built = {offload: build_backend(strategy, ModelSpec(path=model_path, role=role, temperature=1.0, lr=1e-2,
                                                         backend_options={"cpu_offload": offload}), info)
              for offload in (False, True)}

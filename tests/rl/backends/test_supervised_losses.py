@@ -33,7 +33,7 @@ from rl.core.algorithms.sft_loss import SftLossSettings
 from rl.core.packing import pack_sequences
 from tests.rl.backends.megatron.harness import VOCAB, _full_grads, qwen_model
 from tests.testing import tolerances
-from tests.testing.ports import free_port
+from tests.testing.rendezvous import join, rendezvous
 
 LR = 1e-2
 LOSSES = {
@@ -161,7 +161,7 @@ def _loss_bound(name, model_path, seqs, loss) -> float:
 
 @pytest.fixture(scope="module", autouse=True)
 def _process_group():
-    init_distributed(0, 1, "127.0.0.1", free_port())
+    init_distributed(0, 1, "127.0.0.1", 0)
     yield
     dist.destroy_process_group()
 
@@ -205,7 +205,7 @@ TWO_RANK_LAYOUTS = {"megatron-tp2": ("megatron", {"tensor_model_parallel_size": 
 
 def _two_rank_worker(rank, world, port, model_path, ref, out):
     torch.set_num_threads(1)
-    info = init_distributed(rank, world, "127.0.0.1", port)
+    info = join(rank, world, port)
     results = {}
     for layout, (strategy, options, ulysses) in TWO_RANK_LAYOUTS.items():
         for name in LOSSES:
@@ -234,7 +234,8 @@ def test_two_ranks_of_one_shard_match_the_formula_oracle(model_path, ref_logprob
     """megatron with TP=2 and with PP=2, fsdp2 with Ulysses over 2 ranks: loss, every gradient and the norm."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.pt")
-        mp.spawn(_two_rank_worker, args=(2, free_port(), model_path, ref_logprobs, out), nprocs=2)
+        with rendezvous(2) as port:
+            mp.spawn(_two_rank_worker, args=(2, port, model_path, ref_logprobs, out), nprocs=2)
         results = torch.load(out, weights_only=False)
     for (layout, name), got in results.items():
         _, seqs = _batch(name, ref_logprobs)

@@ -14,7 +14,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.core.packing import pack_sequences
-from tests.rl.backends.megatron.harness import _full_grads, assert_same_step, free_port, reported
+from tests.rl.backends.megatron.harness import _full_grads, assert_same_step, reported
+from tests.testing.rendezvous import join, rendezvous
 
 VOCAB = 61
 LENGTHS = (1, 7, 12, 3, 9, 1, 5, 11)  # 49 tokens: odd, one-token sequences, a sequence across every cut
@@ -82,10 +83,8 @@ def _grads(backend, strategy: str) -> dict[str, torch.Tensor]:
 
 
 def _worker(rank: int, world: int, port: int, layouts: list[dict], paths: dict, out: str) -> None:
-    from rl.backends.dist import init_distributed
-
     torch.set_num_threads(1)
-    info = init_distributed(rank, world, "127.0.0.1", port)
+    info = join(rank, world, port)
     results = [_one_step(info, layout, paths) for layout in layouts]
     if rank == 0:
         torch.save(results, out)
@@ -96,7 +95,8 @@ def _worker(rank: int, world: int, port: int, layouts: list[dict], paths: dict, 
 def run(world: int, layouts: list[dict], paths: dict) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.pt")
-        mp.spawn(_worker, args=(world, free_port(), layouts, paths, out), nprocs=world)
+        with rendezvous(world) as port:
+            mp.spawn(_worker, args=(world, port, layouts, paths, out), nprocs=world)
         return torch.load(out, weights_only=False)
 
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from tests.testing.ports import free_port
+from tests.testing.rendezvous import join, rendezvous
 
 LAYOUTS = {
     "fsdp2": ("fsdp2", None),
@@ -31,14 +31,13 @@ BUCKET_BYTES = 40_000  # a few parameters per bucket
 
 def _worker(rank: int, port: int, path: str, out: str) -> None:
     from rl.backends.base import ModelSpec
-    from rl.backends.dist import init_distributed
     from rl.backends.registry import build_backend
     from rl.backends.weight_sync import gathers_on_every_rank
     from rl.core.algorithms import LossSettings
     from rl.core.packing import pack_sequences
 
     torch.set_num_threads(1)
-    info = init_distributed(rank, 2, "127.0.0.1", port)
+    info = join(rank, 2, port)
     g = torch.Generator().manual_seed(rank)
     batch = pack_sequences([{"input_ids": torch.randint(1, 61, (12,), generator=g),
                              "loss_mask": torch.arange(12) >= 4, "advantages": torch.randn(12, generator=g)}])
@@ -83,7 +82,8 @@ def results(tmp_path_factory):
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(path)
     out = os.path.join(path, "results.pt")
-    mp.spawn(_worker, args=(free_port(), path, out), nprocs=2)
+    with rendezvous(2) as port:
+        mp.spawn(_worker, args=(port, path, out), nprocs=2)
     results = torch.load(out, weights_only=False)
     for name, result in results.items():
         result["initial"] = model.state_dict()

@@ -2,13 +2,13 @@
 buckets of mixed dtypes, odd sizes and shapes (a 0-d tensor, a bf16 tensor of odd length before a float32 one),
 ranks 1 and 2 receiving them bit for bit, beside a default process group that stays untouched."""
 
-import os
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.testing.ports import free_port
+from rl.backends.dist import connect_store
+from tests.testing.rendezvous import join, rendezvous
 
 
 def _buckets():
@@ -23,9 +23,8 @@ def _buckets():
 def _member(rank: int, ports: tuple[int, int], out: str) -> None:
     from rl.backends.weight_stream import join_group, receive_buckets, send_bucket, send_end
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]))
-    dist.init_process_group("gloo", rank=rank, world_size=3)  # a default group, as training workers have
-    group = join_group("127.0.0.1", ports[1], rank, 3, "gloo")
+    join(rank, 3, ports[0])  # a default group, as training workers have
+    group = join_group(connect_store("127.0.0.1", ports[1], 3), rank, 3, "gloo")
     if rank == 0:
         sent = sum(send_bucket(group, "gloo", bucket) for bucket in _buckets())
         send_end(group, "gloo")
@@ -39,7 +38,8 @@ def _member(rank: int, ports: tuple[int, int], out: str) -> None:
 
 def test_buckets_arrive_bit_for_bit(tmp_path):
     out = str(tmp_path / "received")
-    mp.spawn(_member, args=((free_port(), free_port()), out), nprocs=3)
+    with rendezvous(3) as default_port, rendezvous(3) as weights_port:
+        mp.spawn(_member, args=((default_port, weights_port), out), nprocs=3)
     for rank in (1, 2):
         received = torch.load(f"{out}.{rank}")
         expected = _buckets()

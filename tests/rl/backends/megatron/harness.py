@@ -19,7 +19,7 @@ from transformers import AutoConfig
 from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.core.packing import pack_sequences
 from tests.testing import tolerances
-from tests.testing.ports import free_port
+from tests.testing.rendezvous import join, rendezvous
 
 LENGTHS = ((6, 9, 4, 7), (5, 8, 3, 10))  # sequences given to rank 0 and rank 1 in 2-rank runs
 VOCAB = 61  # odd: TP=2 pads the vocabulary to 62 and must mask the extra column
@@ -226,10 +226,8 @@ def _one_step(info, strategy: str, options: dict, model_path: str, vocab: int) -
 
 def _worker(rank: int, world: int, port: int, strategy: str, layouts: list[dict], model_path: str, vocab: int,
             out: str) -> None:
-    from rl.backends.dist import init_distributed
-
     torch.set_num_threads(1)
-    info = init_distributed(rank, world, "127.0.0.1", port)
+    info = join(rank, world, port)
     results = [_one_step(info, strategy, options, model_path, vocab) for options in layouts]
     if rank == 0:
         torch.save(results, out)
@@ -241,7 +239,8 @@ def run_steps(strategy: str, model_path: str, vocab: int, world: int, layouts: l
     """One step per layout (megatron_config options), all in one group of `world` processes."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.pt")
-        mp.spawn(_worker, args=(world, free_port(), strategy, layouts, model_path, vocab, out), nprocs=world)
+        with rendezvous(world) as port:
+            mp.spawn(_worker, args=(world, port, strategy, layouts, model_path, vocab, out), nprocs=world)
         return torch.load(out, weights_only=False)
 
 
@@ -313,10 +312,8 @@ def _state_worker(rank: int, world: int, port: int, layouts: list[dict], model_p
                   directory: str) -> None:
     """Per layout: train, checkpoint, train on; a fresh backend restored from the checkpoint must repeat the
     second step exactly; rank 0 exports the trained weights for transformers."""
-    from rl.backends.dist import init_distributed
-
     torch.set_num_threads(1)
-    info = init_distributed(rank, world, "127.0.0.1", port, timeout_s=COLLECTIVE_TIMEOUT_S)
+    info = join(rank, world, port, timeout_s=COLLECTIVE_TIMEOUT_S)
     results = [_state_round_trip(info, options, model_path, vocab, os.path.join(directory, str(i)))
                for i, options in enumerate(layouts)]
     if rank == 0:
@@ -327,5 +324,6 @@ def _state_worker(rank: int, world: int, port: int, layouts: list[dict], model_p
 
 def run_state_round_trips(model_path: str, vocab: int, layouts: list[dict], directory: str, world: int = 2
                           ) -> list[dict]:
-    mp.spawn(_state_worker, args=(world, free_port(), layouts, model_path, vocab, directory), nprocs=world)
+    with rendezvous(world) as port:
+        mp.spawn(_state_worker, args=(world, port, layouts, model_path, vocab, directory), nprocs=world)
     return torch.load(os.path.join(directory, "result.pt"), weights_only=False)

@@ -18,9 +18,7 @@ LOCK = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "third_pa
 def parallel_state():
     from megatron.core import parallel_state as ps
 
-    from tests.rl.backends.megatron.harness import free_port
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
     dist.init_process_group("gloo", rank=0, world_size=1)
     with cpu_compat.cpu_compat("cpu"):
         ps.initialize_model_parallel(1, 1)

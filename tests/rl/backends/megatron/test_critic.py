@@ -38,7 +38,7 @@ from tests.rl.backends.megatron.harness import (
     step_reductions,
 )
 from tests.testing import tolerances
-from tests.testing.ports import free_port
+from tests.testing.rendezvous import join, rendezvous
 
 LR = 1e-2
 MAX_GRAD_NORM = 1.0
@@ -308,10 +308,8 @@ def _one_layout(info, options: dict, model_path: str, seqs: list[dict], director
 
 def _worker(rank: int, world: int, port: int, layouts: dict, model_path: str, seqs: list[dict], directory: str
             ) -> None:
-    from rl.backends.dist import init_distributed
-
     torch.set_num_threads(1)
-    info = init_distributed(rank, world, "127.0.0.1", port)
+    info = join(rank, world, port)
     results = [_one_layout(info, options, model_path, seqs, os.path.join(directory, name))
                for name, options in layouts.items()]
     if rank == 0:
@@ -324,7 +322,8 @@ def _worker(rank: int, world: int, port: int, layouts: dict, model_path: str, se
 def runs(model_path, oracle, tmp_path_factory) -> dict[str, dict]:
     """Every layout in one group of 2 processes (one start-up for all of them)."""
     directory = str(tmp_path_factory.mktemp("runs"))
-    mp.spawn(_worker, args=(2, free_port(), LAYOUTS, model_path, oracle["seqs"], directory), nprocs=2)
+    with rendezvous(2) as port:
+        mp.spawn(_worker, args=(2, port, LAYOUTS, model_path, oracle["seqs"], directory), nprocs=2)
     return dict(zip(LAYOUTS, torch.load(os.path.join(directory, "result.pt"), weights_only=False), strict=True))
 
 

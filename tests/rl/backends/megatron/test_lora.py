@@ -26,7 +26,6 @@ from rl.backends.lora import adapters_disabled, add_lora, save_adapter
 from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.core.packing import pack_sequences
 from tests.rl.backends.megatron.harness import (
-    free_port,
     logprob_gap,
     reported,
     sequences,
@@ -35,6 +34,7 @@ from tests.rl.backends.megatron.harness import (
 )
 from tests.testing import tolerances
 from tests.testing.backend_steps import oracle_step
+from tests.testing.rendezvous import join, rendezvous
 
 VOCAB = 61
 LORA = dict(rank=8, alpha=16, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
@@ -121,10 +121,8 @@ def _run_layout(info, options: dict, path: str, lora: dict, directory: str) -> d
 
 
 def _worker(rank: int, world: int, port: int, layouts: dict, models: dict, directory: str) -> None:
-    from rl.backends.dist import init_distributed
-
     torch.set_num_threads(1)
-    info = init_distributed(rank, world, "127.0.0.1", port)
+    info = join(rank, world, port)
     results = {name: _run_layout(info, options, *models[model], os.path.join(directory, name))
                for name, (model, options) in layouts.items()}
     if rank == 0:
@@ -140,7 +138,8 @@ def runs(models, tmp_path_factory) -> dict[str, dict]:
     for world, group in ((1, names[:1]), (2, names[1:])):
         directory = str(tmp_path_factory.mktemp(f"world{world}"))
         layouts = {name: LAYOUTS[name] for name in group}
-        mp.spawn(_worker, args=(world, free_port(), layouts, models, directory), nprocs=world)
+        with rendezvous(world) as port:
+            mp.spawn(_worker, args=(world, port, layouts, models, directory), nprocs=world)
         results.update(torch.load(os.path.join(directory, "result.pt"), weights_only=False))
     return results
 

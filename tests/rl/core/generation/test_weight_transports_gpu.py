@@ -18,7 +18,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.testing import tolerances
-from tests.testing.ports import free_port
+from tests.testing.rendezvous import rendezvous
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
@@ -158,13 +158,14 @@ def _nccl_member(rank: int, port: int, checkpoint: str, out: str) -> None:
     tensor it receives with its own copy."""
     from transformers import AutoModelForCausalLM
 
+    from rl.backends.dist import connect_store
     from rl.backends.weight_stream import join_group, receive_buckets, send_bucket, send_end
     from rl.backends.weight_sync import bucketed
 
     torch.cuda.set_device(rank)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).cuda()
     own = model.state_dict()
-    group = join_group("127.0.0.1", port, rank, 2, "nccl")
+    group = join_group(connect_store("127.0.0.1", port, 2), rank, 2, "nccl")
     started = time.perf_counter()
     if rank == 0:
         for bucket in bucketed(own.items(), 512 << 20):
@@ -186,7 +187,8 @@ def _nccl_member(rank: int, port: int, checkpoint: str, out: str) -> None:
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL between two processes needs two GPUs")
 def test_nccl_stream_of_a_real_model_arrives_bit_for_bit_on_another_gpu(checkpoint, tmp_path):
     out = str(tmp_path / "received")
-    mp.spawn(_nccl_member, args=(free_port(), checkpoint, out), nprocs=2)
+    with rendezvous(2) as port:
+        mp.spawn(_nccl_member, args=(port, checkpoint, out), nprocs=2)
     result = torch.load(out)
     print(f"NCCL stream of {result['bytes'] / 1e9:.2f} GB: {result['s']:.2f} s")
     assert result["missing"] == [] and result["repeated"] == 0 and result["different"] == []
