@@ -2,7 +2,7 @@
 
 The venv lives in this repository's directory under a name that contains a digest of the lock and the interpreter,
 so a changed lock gives every py_binary/py_test a new interpreter path and cached test results are invalidated.
-The installer (install_env.py) uses `pip --require-hashes --no-deps`: the lock is the whole truth.
+The installer (install_env.py) installs with `--require-hashes --no-deps` (uv, else pip): the lock is the whole truth.
 `RL_PYTHON_LOCK=gpu` selects the GPU lock (CUDA build of torch, vllm) instead of the CPU one.
 """
 
