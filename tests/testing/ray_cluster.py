@@ -55,6 +55,7 @@ def shared_ray_address() -> str:
             _cluster = Cluster(initialize_head=True, shutdown_at_exit=False,
                                head_node_args={"num_cpus": LOGICAL_CPUS, "num_gpus": _visible_gpus(),
                                                "include_dashboard": False, "temp_dir": files,
+                                               "no_monitor": True,  # the autoscaler's: a fixed one-node cluster
                                                "_system_config": NO_PRESTART})
         finally:
             os.environ.clear()
