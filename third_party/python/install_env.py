@@ -2,11 +2,11 @@
 
 Run by the base interpreter with the standard library only. Every package comes from the lock with its sha256
 (`--require-hashes --no-deps`): nothing else is resolved. Wheels are installed first, by uv where it can be had
-(pinned in installer_lock.txt, kept once per machine; ~19 s for the CPU lock on 2 cores against pip's ~78 s, byte
-code compiled as pip does), else by pip, with the index and find-links pip is configured with; source-only packages
-(deepspeed, antlr4-python3-runtime) are then built without isolation against the setuptools and torch just installed,
-into wheels kept once per machine (`wheel_cache_dir`) under a key of everything the build depends on, so a fresh clone
-installs them instead of compiling DeepSpeed again (~60 s on 2 cores).
+(pinned in installer_lock.txt, kept once per machine; the CPU lock in ~40 s on 2 cores with nothing cached, against
+pip's ~80 s; byte code compiled as pip does), else by pip, from the index and find-links pip is configured with.
+Source-only packages (deepspeed, antlr4-python3-runtime) are then built without isolation against the setuptools and
+torch just installed, into wheels kept once per machine (`wheel_cache_dir`) under a key of everything the build
+depends on, so a fresh clone installs them instead of compiling DeepSpeed again (~60 s on 2 cores).
 Beside a CPU torch, torchvision_cpu.py (next to this file) goes into site-packages with a `.pth` line that imports it,
 so PyPI's CUDA-built torchvision imports there.
 """
