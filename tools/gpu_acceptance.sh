@@ -86,7 +86,7 @@ export RL_BAZEL_BIN=$BIN RL_KERNELS_CUDA_EXT=$BIN/rl/kernels/cuda/rl_kernels_cud
 export TRITON_CACHE_DIR=$WORK/triton_cache
 unset TRITON_INTERPRET
 
-# Lane A: the files that put real work on the GPU, one after another (fixed process-group ports, GPU memory).
+# Lane A: the files that put real work on the GPU, one after another (one GPU's memory between them).
 LANE_A=(
   tests/rl/kernels/test_kernels_gpu.py
   tests/rl/backends/test_offload_gpu.py
