@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -22,6 +21,8 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from bench.common import free_port
 
 VARIANTS = {
     "pp2, one schedule over all micro-batches (1F1B)": ({"pipeline_model_parallel_size": 2}, "schedule"),
@@ -101,12 +102,6 @@ def _worker(rank: int, world: int, port: int, args, path: str, out: str) -> None
         torch.save(times, out)
     dist.barrier()
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> None:
