@@ -62,7 +62,7 @@ def pip_run(python: str, command: str, lines: list[str], lock_path: str, extra: 
     result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
     if result.returncode == 0:
         return
-    errors = "\n".join(line for line in result.stderr.splitlines() if PIP_NOISE not in line)
+    errors = _pip_errors(result.stderr)
     if "DO NOT MATCH THE HASHES" in errors:
         raise EnvError(
             f"a sha256 in {lock_path} does not match the file pip fetched:\n{errors}\n"
@@ -70,6 +70,11 @@ def pip_run(python: str, command: str, lines: list[str], lock_path: str, extra: 
             "otherwise the lock or the package index has been tampered with."
         )
     raise EnvError(f"pip {command} from {lock_path} failed (exit {result.returncode}):\n{errors}")
+
+
+def _pip_errors(stderr: str) -> str:
+    """pip's stderr without its warnings about configured local indexes that do not exist."""
+    return "\n".join(line for line in stderr.splitlines() if PIP_NOISE not in line)
 
 
 def _requirements_file(python: str, lines: list[str]) -> str:
@@ -100,7 +105,7 @@ def uv_binary() -> str | None:
                "--quiet", "--require-hashes", "--only-binary=:all:", "--target", work, "-r", INSTALLER_LOCK]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0 or not os.access(os.path.join(work, "bin", "uv"), os.X_OK):
-            errors = "\n".join(line for line in result.stderr.splitlines() if PIP_NOISE not in line)
+            errors = _pip_errors(result.stderr)
             print(f"uv could not be installed from {INSTALLER_LOCK}; installing with pip:\n{errors}")
             return None
         with contextlib.suppress(OSError):  # installed beside this run and renamed first: use that one

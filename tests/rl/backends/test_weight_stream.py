@@ -2,13 +2,12 @@
 buckets of mixed dtypes, odd sizes and shapes (a 0-d tensor, a bf16 tensor of odd length before a float32 one),
 ranks 1 and 2 receiving them bit for bit, beside a default process group that stays untouched."""
 
-
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rl.backends.dist import connect_store
-from tests.testing.rendezvous import join, rendezvous
+from tests.testing.rendezvous import HOST, join, rendezvous
 
 
 def _buckets():
@@ -24,7 +23,7 @@ def _member(rank: int, ports: tuple[int, int], out: str) -> None:
     from rl.backends.weight_stream import join_group, receive_buckets, send_bucket, send_end
 
     join(rank, 3, ports[0])  # a default group, as training workers have
-    group = join_group(connect_store("127.0.0.1", ports[1], 3), rank, 3, "gloo")
+    group = join_group(connect_store(HOST, ports[1], 3), rank, 3, "gloo")
     if rank == 0:
         sent = sum(send_bucket(group, "gloo", bucket) for bucket in _buckets())
         send_end(group, "gloo")
