@@ -1,5 +1,5 @@
 """Locating build outputs from a test: $RL_BAZEL_BIN (a directory laid out like bazel-bin, for builds made without
-Bazel, e.g. tools/gpu_acceptance.sh) first, then Bazel runfiles (cwd), then bazel-bin of the checkout."""
+Bazel, e.g. tools/gpu/acceptance.sh) first, then Bazel runfiles (cwd), then bazel-bin of the checkout."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The packages a bare GPU machine lacks for tools/gpu_acceptance.sh to run everything (the launcher on Ray, the
+# The packages a bare GPU machine lacks for tools/gpu/acceptance.sh to run everything (the launcher on Ray, the
 # deepspeed and megatron strategies), gathered here for that machine's Python, at the versions of our lock:
 #
-#     bash tools/gpu_wheels.sh [DIR] [--python-version 3.12]      # DIR defaults to .gpu_wheels (git-ignored)
+#     bash tools/gpu/wheels.sh [DIR] [--python-version 3.12]      # DIR defaults to .gpu_wheels (git-ignored)
 #
 # then, on the GPU machine, with DIR copied beside the checkout:
 #
-#     OUT=/some/dir bash tools/gpu_acceptance.sh --wheels DIR
+#     OUT=/some/dir bash tools/gpu/acceptance.sh --wheels DIR
 #
 # What the folder holds: wheels of ray's, deepspeed's and megatron-core's missing dependencies; megatron-core's
 # wheel; deepspeed's and antlr4's source archives (they publish no wheels; pure Python, installed with the
@@ -16,7 +16,7 @@
 
 set -euo pipefail
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DIR=$REPO/.gpu_wheels
 PYVER=3.12
 LIMIT_MIB=60

@@ -1,38 +1,47 @@
 #!/usr/bin/env bash
-# GPU acceptance without Bazel: on a machine with one CUDA GPU, python3 (torch, triton, transformers, peft,
-# pybind11, pytest) and nvcc, builds what `bazel build --config=gpu` builds for the GPU tests and runs every test
-# and benchmark of the project that can run there. Run from the repository root:
+# GPU acceptance: one command that runs every test and benchmark of the project that can run on a machine with one
+# CUDA GPU, and writes one markdown report of every figure, every failure and everything it could not run and why.
+# Run from the repository root:
 #
-#     OUT=/some/dir bash tools/gpu_acceptance.sh            # [--plan] [--cpu] [--only REGEX] [--wheels DIR]
+#     OUT=/some/dir bash tools/gpu/acceptance.sh      # [--plan] [--cpu] [--bazel | --bare] [--only REGEX]
+#                                                     # [--wheels DIR] [--targets PATTERN...]
 #
-# --wheels DIR installs, into the run's own folder, the packages tools/gpu_wheels.sh gathered (ray, deepspeed,
-# megatron-core and what they need), so that the tests and runs that need them run instead of being skipped.
+# Two modes (--bazel or --bare; by default bazel where RL_PYTHON_LOCK=gpu selects the GPU lock, bare otherwise):
 #
-# Steps (bounded together by GPU_ACCEPTANCE_BUDGET_S, default 450 s, so the run ends on its own):
+# bazel: a machine with the GPU lock (README, "On a GPU machine"). Bazel fetches the GPU environment, builds the CUDA
+#   extension and the Triton AOT kernels, and runs everything: the versions (//tools/gpu:versions),
+#   //bench:kernels_gpu alone on the GPU, `bazel test --config=gpu --keep_going //...` (or --targets), then
+#   //bench:plan_memory and //bench:strategies. Budget: GPU_ACCEPTANCE_BUDGET_S, default 1500 s.
+#
+# bare: a GPU machine without Bazel: python3 with torch, triton, transformers, peft, pybind11 and pytest, and nvcc.
+#   --wheels DIR first installs, into the run's own folder, the packages tools/gpu/wheels.sh gathered (ray,
+#   deepspeed, megatron-core and what they need), so that the tests and runs that need them run instead of being
+#   skipped. Steps (bounded together by GPU_ACCEPTANCE_BUDGET_S, default 450 s, so the run ends on its own):
 #   1. versions of python, torch, CUDA, the GPU, triton, transformers and the optional packages;
 #   2. the build, in parallel: //rl/kernels/cuda:rl_kernels_cuda.so and //tests/third_party/cuda:axpy_ext.so with
 #      nvcc (sm_80, sm_90 + compute_90 PTX, plus the local GPU's arch if it is neither) + pybind11 + static cudart,
 #      and //rl/kernels/aot:triton (every Triton kernel AOT for sm_80 and sm_90), into a temp dir laid out like
 #      bazel-bin that the tests read through $RL_BAZEL_BIN (and the kernels through $RL_KERNELS_CUDA_EXT);
-#   3. bench/kernels_gpu.py at a small size, alone on the GPU: figures to $OUT/kernels_gpu.json;
+#   3. bench/kernels_gpu.py at a small size, alone on the GPU;
 #   4. the gpu-tagged tests and the tests that check the kernels and the backends on this torch/transformers, one
 #      pytest process per file (as Bazel's targets), in two lanes (GPU-heavy files; light ones), with a per-test
 #      timeout. Tests that need ray, vllm, deepspeed or megatron-core are skipped with that reason when the package
-#      is missing (tools/gpu_acceptance.py: NEEDS), so the junit XML shows what ran and what did not; beside
-#      them bench/plan_memory.py (the memory planner against the CUDA allocator's peak, 0.5B shape);
+#      is missing (tools/gpu/acceptance.py: NEEDS), so the report shows what ran and what did not; beside them
+#      bench/plan_memory.py (the memory planner against the CUDA allocator's peak, 0.5B shape);
 #   5. alone on the GPU, bench/strategies.py: the launcher with the HF engine through fsdp2, fsdp, deepspeed and
 #      megatron in bf16 on the embedded task with Qwen2.5-0.5B's layers (a strategy whose package is missing fails
 #      its row and the others still run).
-# Writes $OUT/gpu_acceptance.log, $OUT/junit.xml (every file's results merged), $OUT/kernels_gpu.json and the two
-# benchmarks' output ($OUT/plan_memory.txt, $OUT/strategies.txt).
-# Exits non-zero if any build step, test file or the benchmark failed, or a file could not start within the budget;
-# everything is attempted first. Without a CUDA device it prints its plan and exits 0 (--cpu runs it anyway, which
-# checks the build and the test commands on a CPU machine with nvcc).
+#
+# Writes $OUT/report.md (tools/gpu/report.py), $OUT/gpu_acceptance.log, $OUT/junit.xml (every file's or target's
+# results merged), $OUT/kernels_gpu.json and the benchmarks' output ($OUT/<benchmark>.txt). Exits non-zero if any
+# step failed or a test file could not start within the budget; everything is attempted first. Without a CUDA
+# device it prints its plan and exits 0 (bare mode's --cpu runs it anyway, which checks the build and the test
+# commands on a CPU machine with nvcc).
 
 set -u
 set -o pipefail
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 2
 PYTHON=${PYTHON:-python3}
 find_cuda_home() {  # third_party/cuda/local_cuda.bzl's order: $CUDA_HOME, $CUDA_PATH, /usr/local/cuda, nvcc on PATH
@@ -45,7 +54,7 @@ find_cuda_home() {  # third_party/cuda/local_cuda.bzl's order: $CUDA_HOME, $CUDA
 CUDA_ROOT=$(find_cuda_home)
 NVCC=${CUDA_ROOT:-/usr/local/cuda}/bin/nvcc
 CXX=${CXX:-$(command -v g++ || command -v c++ || echo g++)}
-BUDGET_S=${GPU_ACCEPTANCE_BUDGET_S:-450}
+BAZEL=${BAZEL:-$REPO/bazelw}
 FILE_CAP_S=${GPU_ACCEPTANCE_FILE_CAP_S:-300}  # one test file at most
 TEST_TIMEOUT_S=${GPU_ACCEPTANCE_TEST_TIMEOUT_S:-240}  # one test at most (pytest-timeout)
 BENCH_ARGS=${GPU_ACCEPTANCE_BENCH_ARGS:---tokens 4096 --vocab 32768 --hidden 2048 --seq_len 1024}
@@ -54,37 +63,57 @@ PLAN_ARGS=${GPU_ACCEPTANCE_PLAN_ARGS:---model 0.5b}
 STRATEGIES_ARGS=${GPU_ACCEPTANCE_STRATEGIES_ARGS:---model_size 0.5b --steps 4 --prompts_per_step 16 \
 --num_generations 8 --max_generate_length 64}
 
-PLAN_ONLY=0 FORCE_CPU=0 ONLY="" WHEELS=""
+PLAN_ONLY=0 FORCE_CPU=0 ONLY="" WHEELS="" MODE="" TARGETS=()
+COMMAND="bash tools/gpu/acceptance.sh $*"
 while (($#)); do
   case $1 in
     --plan) PLAN_ONLY=1 ;;
     --cpu) FORCE_CPU=1 ;;
+    --bazel) MODE=bazel ;;
+    --bare) MODE=bare ;;
     --only) ONLY=$2; shift ;;
     --wheels) WHEELS=$(realpath "$2"); shift ;;
-    -h | --help) sed -n '2,32p' "$0"; exit 0 ;;
+    --targets) shift; while (($#)) && [[ $1 != --* ]]; do TARGETS+=("$1"); shift; done; continue ;;
+    -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
-
-if [[ -z ${OUT:-} ]]; then
-  OUT=$(mktemp -d -t gpu_acceptance_out.XXXXXX)
+[[ -n $MODE ]] || MODE=$([[ ${RL_PYTHON_LOCK:-} == gpu ]] && echo bazel || echo bare)
+if [[ $MODE == bazel ]]; then  # what only the bare mode does, refused rather than ignored
+  for flag in "--only:$ONLY" "--wheels:$WHEELS" "--cpu:${FORCE_CPU#0}"; do
+    if [[ -n ${flag#*:} ]]; then
+      echo "${flag%%:*} applies without Bazel (--bare); with Bazel choose tests with --targets PATTERN..." >&2
+      exit 2
+    fi
+  done
+  ((${#TARGETS[@]})) || TARGETS=(//...)
+  export RL_PYTHON_LOCK=${RL_PYTHON_LOCK:-gpu}  # the environment Bazel builds (third_party/python/python_env.bzl)
+elif ((${#TARGETS[@]})); then
+  echo "--targets applies to the Bazel mode (--bazel, or RL_PYTHON_LOCK=gpu); without Bazel use --only REGEX" >&2
+  exit 2
 fi
+BUDGET_S=${GPU_ACCEPTANCE_BUDGET_S:-$([[ $MODE == bazel ]] && echo 1500 || echo 450)}
+
+OUT=$(realpath -m "${OUT:-$(mktemp -d -t gpu_acceptance_out.XXXXXX)}")  # absolute: `bazel run` changes directory
 mkdir -p "$OUT"
 WORK=$(mktemp -d -t gpu_acceptance.XXXXXX)  # the build and per-file logs; GPU_ACCEPTANCE_KEEP=1 keeps it
 if [[ ${GPU_ACCEPTANCE_KEEP:-0} != 1 ]]; then trap 'rm -rf "$WORK"' EXIT; fi
 BIN=$WORK/bin  # laid out like bazel-bin
 mkdir -p "$BIN/rl/kernels/cuda" "$BIN/tests/third_party/cuda" "$BIN/rl/kernels/aot" "$WORK/logs" "$WORK/junit"
-MANIFEST=$WORK/manifest.tsv
+MANIFEST=$WORK/manifest.tsv STEPS=$WORK/steps.tsv
 : >"$MANIFEST"
+: >"$STEPS"
 START=$(date +%s)
 
-export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export RL_BAZEL_BIN=$BIN RL_KERNELS_CUDA_EXT=$BIN/rl/kernels/cuda/rl_kernels_cuda.so
-export TRITON_CACHE_DIR=$WORK/triton_cache
-unset TRITON_INTERPRET
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+bare_env() {  # what Bazel's runfiles and test environment give its targets (not exported for `bazel run`)
+  export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
+  export RL_BAZEL_BIN=$BIN RL_KERNELS_CUDA_EXT=$BIN/rl/kernels/cuda/rl_kernels_cuda.so
+  export TRITON_CACHE_DIR=$WORK/triton_cache
+  unset TRITON_INTERPRET
+}
 
 # Lane A: the files that put real work on the GPU, one after another (one GPU's memory between them).
 LANE_A=(
@@ -122,8 +151,7 @@ NOT_HERE=(
 
 install_wheels() {  # into $WORK/site, which PYTHONPATH then names (Ray's workers inherit it)
   section "install from $WHEELS"
-  local site=$WORK/site archive t0
-  t0=$(date +%s)
+  local site=$WORK/site archive
   mkdir -p "$site"
   for archive in "$WHEELS"/*.tar.xz; do
     [[ -e $archive ]] || continue
@@ -141,10 +169,28 @@ install_wheels() {  # into $WORK/site, which PYTHONPATH then names (Ray's worker
     DS_BUILD_OPS=0 "${pip[@]}" --no-build-isolation "$WHEELS"/*.tar.gz || return 1
   fi
   export PYTHONPATH=$PYTHONPATH:$site
-  echo "installed into $site in $(($(date +%s) - t0)) s: $(ls "$site" | grep -c dist-info) packages"
+  echo "installed into $site: $(ls "$site" | grep -c dist-info) packages"
 }
 
 remaining() { echo $((BUDGET_S - ($(date +%s) - START))); }
+elapsed_since() { echo $(($(date +%s) - $1)); }
+# A step's outcome for the report: name, result (ok, failed, not run), start time, detail.
+step() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$([[ $3 == - ]] && echo - || elapsed_since "$3")" "${4:-}" >>"$STEPS"; }
+# Runs a step (name command...): its outcome is recorded and returned.
+BUDGET_SPENT=75  # a step's exit status when it did not start for want of time
+run_step() {
+  local name=$1 t0 rc
+  shift
+  t0=$(date +%s)
+  "$@"
+  rc=$?
+  case $rc in
+    0) step "$name" ok "$t0" ;;
+    "$BUDGET_SPENT") step "$name" "not run" - "the time budget was spent before it" ;;
+    *) step "$name" failed "$t0" "exit status $rc$( ((rc == 124 || rc == 137)) && echo ": stopped by its time limit")" ;;
+  esac
+  return $rc
+}
 locked_cat() { if command -v flock >/dev/null; then flock "$WORK/print.lock" cat "$@"; else cat "$@"; fi; }
 section() { printf '\n===== %s (t=%ss)\n' "$*" "$(($(date +%s) - START))"; }
 
@@ -156,49 +202,42 @@ selected() {  # the lane's files that --only keeps
 }
 
 print_plan() {
-  section "plan"
-  echo "build into $BIN (RL_BAZEL_BIN); figures, log and junit into $OUT"
+  section "plan ($MODE mode)"
+  echo "figures, log, junit and report.md into $OUT"
+  if [[ $MODE == bazel ]]; then
+    echo "environment: RL_PYTHON_LOCK=$RL_PYTHON_LOCK"
+    echo "versions: $BAZEL run --config=gpu //tools/gpu:versions"
+    echo "bench: $BAZEL run --config=gpu //bench:kernels_gpu -- $BENCH_ARGS"
+    echo "tests: $BAZEL test --config=gpu --keep_going ${TARGETS[*]}"
+    echo "after the tests: //bench:plan_memory -- $PLAN_ARGS; //bench:strategies -- $STRATEGIES_ARGS"
+    return
+  fi
+  echo "build into $BIN (RL_BAZEL_BIN)"
   echo "bench: bench/kernels_gpu.py $BENCH_ARGS"
   echo "beside the tests: bench/plan_memory.py $PLAN_ARGS (predicted vs the CUDA allocator's peak)"
   echo "after the tests: bench/strategies.py $STRATEGIES_ARGS (the launcher, one GPU, each strategy)"
   echo "lane A (GPU):"; selected "${LANE_A[@]}" | sed 's/^/  /'
   echo "lane B (light):"; selected "${LANE_B[@]}" | sed 's/^/  /'
   echo "skipped for a missing package (per test, reason in the junit XML):"
-  "$PYTHON" tools/gpu_acceptance.py plan
+  "$PYTHON" tools/gpu/acceptance.py plan
   echo "not run here:"; printf '  %s\n' "${NOT_HERE[@]}"
 }
 
 versions() {
   section "versions"
-  "$PYTHON" - <<'EOF'
-import importlib, importlib.util, platform, sys
-print("python", sys.version.replace("\n", " "), "at", sys.executable)
-import torch
-print("torch", torch.__version__, "| cuda", torch.version.cuda, "| cudnn", torch.backends.cudnn.version())
-if torch.cuda.is_available():
-    for i in range(torch.cuda.device_count()):
-        p = torch.cuda.get_device_properties(i)
-        print(f"gpu {i}: {p.name}, sm_{p.major}{p.minor}, {p.total_memory / 2**30:.1f} GiB, {p.multi_processor_count} SMs")
-else:
-    print("gpu: none visible (torch.cuda.is_available() is False)")
-for name in ("triton", "transformers", "peft", "pybind11", "pytest", "pytest_timeout", "numpy", "pyarrow",
-             "safetensors", "absl", "ray", "vllm", "deepspeed", "megatron.core", "liger_kernel", "flash_attn"):
-    if importlib.util.find_spec(name.split(".")[0]) is None:
-        print(f"{name}: not installed")
-        continue
-    try:
-        module = importlib.import_module(name)
-        print(f"{name}: {getattr(module, '__version__', '(no __version__)')}")
-    except Exception as err:
-        print(f"{name}: import fails: {type(err).__name__}: {err}")
-print("platform", platform.platform())
-EOF
-  "$NVCC" --version | tail -n 2
-  "$CXX" --version | head -n 1
-  if command -v nvidia-smi >/dev/null; then
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-  fi
-  echo "nproc $(nproc)"
+  {
+    if [[ $MODE == bazel ]]; then
+      timeout -k 10 "$(remaining)" "$BAZEL" run --config=gpu //tools/gpu:versions
+    else
+      "$PYTHON" tools/gpu/versions.py && "$NVCC" --version | tail -n 2 && "$CXX" --version | head -n 1
+    fi
+    local rc=$?
+    if command -v nvidia-smi >/dev/null; then
+      nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    fi
+    echo "nproc $(nproc)"
+    return $rc
+  } | tee "$WORK/versions.txt"
 }
 
 # ---- build ------------------------------------------------------------------------------------------------------
@@ -273,21 +312,28 @@ print(f"{m}{n}")')
   return $status
 }
 
-# ---- benchmark --------------------------------------------------------------------------------------------------
-bench() {
-  section "bench/kernels_gpu.py $BENCH_ARGS"
-  local limit rc
+# ---- benchmarks -------------------------------------------------------------------------------------------------
+figures() {  # module cap_s args...: bench/<module>.py, through Bazel or this python; its output also to $OUT/module.txt
+  local module=$1 cap=$2 limit rc cmd
+  shift 2
+  section "bench/$module.py $*"
   limit=$(remaining)
-  ((limit > 180)) && limit=180
+  ((limit > cap)) && limit=$cap
   if ((limit < 30)); then
     echo "not run: the time budget is spent"
-    return 1
+    return "$BUDGET_SPENT"
   fi
-  # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
-  timeout -k 10 "$limit" "$PYTHON" -m bench.kernels_gpu $BENCH_ARGS --json "$OUT/kernels_gpu.json"
-  rc=$?
-  echo "bench: rc=$rc"
-  return $rc
+  cmd=("$PYTHON" -m "bench.$module")
+  if [[ $MODE == bazel ]]; then  # Bazel builds it and writes how to run it: its output stays out of the figures
+    timeout -k 10 "$limit" "$BAZEL" run --config=gpu --script_path="$WORK/$module.sh" "//bench:$module" || return
+    cmd=(bash "$WORK/$module.sh")
+    limit=$(remaining)
+    ((limit > cap)) && limit=$cap
+  fi
+  timeout -k 10 "$limit" "${cmd[@]}" "$@" 2>&1 | tee "$OUT/$module.txt"
+  rc=${PIPESTATUS[0]}
+  echo "bench/$module.py: rc=$rc"
+  return "$rc"
 }
 
 # ---- tests ------------------------------------------------------------------------------------------------------
@@ -311,7 +357,7 @@ run_file() {  # lane file
   cap=$((left < FILE_CAP_S ? left : FILE_CAP_S))
   echo "[$lane] start $file (limit ${cap}s, t=$(($(date +%s) - START))s)" | locked_cat
   t0=$(date +%s)
-  timeout -k 15 "$cap" "$PYTHON" tools/gpu_acceptance.py pytest "${PYTEST_ARGS[@]}" --junitxml="$xml" "$file" \
+  timeout -k 15 "$cap" "$PYTHON" tools/gpu/acceptance.py pytest "${PYTEST_ARGS[@]}" --junitxml="$xml" "$file" \
     >"$log" 2>&1
   rc=$?
   printf '%s\t%s\t%s\t%s\n' "$file" "$rc" "$(($(date +%s) - t0))" "$xml" >>"$MANIFEST"
@@ -324,7 +370,7 @@ lane() {  # name files...
   for file in "$@"; do run_file "$name" "$file"; done
 }
 
-tests() {
+bare_tests() {
   section "tests"
   local a b status=0
   mapfile -t a < <(selected "${LANE_A[@]}")
@@ -335,71 +381,107 @@ tests() {
   local pid_b=$!
   local pid_c=""
   if [[ -n $(selected bench/plan_memory.py) ]]; then  # beside the tests: its figures are per process, not timings
-    figures plan_memory "$PLAN_ARGS" >"$WORK/logs/plan_memory.log" 2>&1 &
+    # shellcheck disable=SC2086  # PLAN_ARGS is a list of flags
+    run_step plan_memory figures plan_memory 300 $PLAN_ARGS >"$WORK/logs/plan_memory.log" 2>&1 &
     pid_c=$!
   fi
   wait "$pid_a" "$pid_b"
   if [[ -n $pid_c ]]; then
-    wait "$pid_c" || status=1
+    wait "$pid_c"
     locked_cat "$WORK/logs/plan_memory.log"
   fi
   section "test summary"
-  "$PYTHON" tools/gpu_acceptance.py merge "$OUT/junit.xml" "$MANIFEST" || status=1
+  "$PYTHON" tools/gpu/acceptance.py merge "$OUT/junit.xml" "$MANIFEST" || status=1
   return $status
 }
 
-figures() {  # module args: a benchmark of the project, its output also to $OUT/module.txt
-  local module=$1 args=$2 limit rc
-  section "bench/$module.py $args"
-  limit=$(remaining)
-  ((limit > 300)) && limit=300
-  if ((limit < 30)); then
-    echo "not run: the time budget is spent"
-    return 1
+bazel_tests() {
+  section "tests: bazel test --config=gpu ${TARGETS[*]}"
+  local rc status=0
+  timeout -k 30 "$(remaining)" "$BAZEL" test --config=gpu --keep_going --build_event_json_file="$WORK/bep.json" \
+    "${TARGETS[@]}"
+  rc=$?
+  echo "bazel test: rc=$rc"
+  if ((rc == 124 || rc == 137)); then echo "stopped by the time budget: targets not listed below did not run"; fi
+  [[ -f $WORK/bep.json ]] || return 1
+  "$PYTHON" tools/gpu/acceptance.py bep "$WORK/bep.json" "$MANIFEST" || return 1
+  section "test summary"
+  "$PYTHON" tools/gpu/acceptance.py merge "$OUT/junit.xml" "$MANIFEST" || status=1
+  ((rc == 0)) || status=1
+  return $status
+}
+
+gpu_visible() {  # 1 or 0; bare: what torch sees; bazel: the driver's GPUs unless CUDA_VISIBLE_DEVICES hides them
+  if [[ $MODE == bazel ]]; then
+    [[ ${CUDA_VISIBLE_DEVICES-all} != "" ]] && nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo 1 || echo 0
+  else
+    "$PYTHON" -c 'import torch; print(int(torch.cuda.is_available()))'
   fi
-  # shellcheck disable=SC2086  # args is a list of flags
-  timeout -k 10 "$limit" "$PYTHON" -m "bench.$module" $args 2>&1 | tee "$OUT/$module.txt"
-  rc=${PIPESTATUS[0]}
-  echo "bench/$module.py: rc=$rc"
-  return "$rc"
+}
+
+# shellcheck disable=SC2086  # the *_ARGS are lists of flags
+run_all() {  # the steps, each recorded for the report
+  local has_gpu=$1
+  if [[ $MODE == bazel ]]; then
+    run_step versions versions
+    run_step kernels_gpu figures kernels_gpu 600 $BENCH_ARGS --json "$OUT/kernels_gpu.json"
+    run_step tests bazel_tests
+    run_step plan_memory figures plan_memory 300 $PLAN_ARGS
+    run_step strategies figures strategies 600 $STRATEGIES_ARGS
+    return
+  fi
+  run_step versions versions
+  run_step build build
+  if [[ -n $ONLY && ! bench/kernels_gpu.py =~ $ONLY ]]; then
+    step kernels_gpu "not run" - "not selected by --only"
+  elif [[ $has_gpu == 1 ]]; then
+    run_step kernels_gpu figures kernels_gpu 180 $BENCH_ARGS --json "$OUT/kernels_gpu.json"
+  else
+    step kernels_gpu "not run" - "no GPU (--cpu)"
+  fi
+  [[ -n $(selected bench/plan_memory.py) ]] || step plan_memory "not run" - "not selected by --only"
+  run_step tests bare_tests
+  if [[ -z $(selected bench/strategies.py) ]]; then  # alone on the GPU, after the tests: its figures are timings
+    step strategies "not run" - "not selected by --only"
+  elif [[ $has_gpu == 1 ]]; then
+    run_step strategies figures strategies 300 $STRATEGIES_ARGS
+  else
+    step strategies "not run" - "no GPU (--cpu)"
+  fi
 }
 
 main() {
-  local failed=() has_gpu
-  echo "gpu_acceptance: $(date -u +%FT%TZ) in $REPO, budget ${BUDGET_S}s, work dir $WORK"
-  if ! has_gpu=$("$PYTHON" -c 'import torch; print(int(torch.cuda.is_available()))'); then
+  local failed has_gpu
+  echo "gpu_acceptance: $(date -u +%FT%TZ) in $REPO, $MODE mode, budget ${BUDGET_S}s, work dir $WORK"
+  if ! has_gpu=$(gpu_visible); then
     echo "FAILED: $PYTHON cannot import torch"
     return 1
   fi
-  if ((!PLAN_ONLY)) && [[ -n $WHEELS && ($has_gpu == 1 || $FORCE_CPU == 1) ]]; then
-    install_wheels || failed+=(install)
+  if [[ $MODE == bare ]]; then
+    bare_env
+    if ((!PLAN_ONLY)) && [[ -n $WHEELS && ($has_gpu == 1 || $FORCE_CPU == 1) ]]; then
+      run_step install install_wheels
+    fi
   fi
   print_plan
   if ((PLAN_ONLY)); then return 0; fi
   if [[ $has_gpu != 1 && $FORCE_CPU != 1 ]]; then
-    echo "no CUDA device visible to $PYTHON: the plan above is all (--cpu runs it anyway)"
+    echo "no CUDA device visible$([[ $MODE == bare ]] && echo " to $PYTHON"): the plan above is all$(
+      [[ $MODE == bare ]] && echo " (--cpu runs it anyway)")"
     return 0
   fi
-  versions
-  build || failed+=(build)
-  if [[ -z $ONLY || bench/kernels_gpu.py =~ $ONLY ]]; then
-    if [[ $has_gpu == 1 ]]; then bench || failed+=(bench); else section "bench: no GPU, not run"; fi
-  fi
-  tests || failed+=(tests)
-  if [[ -n $(selected bench/strategies.py) ]]; then  # alone on the GPU, after the tests: its figures are timings
-    if [[ $has_gpu == 1 ]]; then
-      figures strategies "$STRATEGIES_ARGS" || failed+=(strategies)
-    else
-      section "bench/strategies.py: no GPU, not run"
-    fi
-  fi
+  run_all "$has_gpu"
   section "done"
-  if ((${#failed[@]})); then
-    echo "FAILED: ${failed[*]} (log $OUT/gpu_acceptance.log, junit $OUT/junit.xml)"
+  printf '%s\t%s\n' mode "$MODE" start "$(date -u -d "@$START" +%FT%TZ)" budget "$BUDGET_S" \
+    elapsed "$(elapsed_since "$START")" command "$COMMAND" >"$WORK/run.tsv"
+  if [[ $MODE == bare ]]; then printf '%s\n' "${NOT_HERE[@]}" >"$WORK/not_here.txt"; fi
+  "$PYTHON" tools/gpu/report.py "$OUT" "$WORK"
+  failed=$(awk -F'\t' '$2 == "failed" {printf "%s ", $1}' "$STEPS")
+  if [[ -n $failed ]]; then
+    echo "FAILED: ${failed% } (report $OUT/report.md, log $OUT/gpu_acceptance.log, junit $OUT/junit.xml)"
     return 1
   fi
-  echo "PASSED (log $OUT/gpu_acceptance.log, junit $OUT/junit.xml$([[ -f $OUT/kernels_gpu.json ]] &&
-    echo ", figures $OUT/kernels_gpu.json"))"
+  echo "PASSED (report $OUT/report.md, log $OUT/gpu_acceptance.log, junit $OUT/junit.xml)"
 }
 
 main 2>&1 | tee "$OUT/gpu_acceptance.log"

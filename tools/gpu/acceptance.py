@@ -1,25 +1,28 @@
-"""Helpers of tools/gpu_acceptance.sh (the GPU acceptance run without Bazel).
+"""Helpers of tools/gpu/acceptance.sh (the GPU acceptance run).
 
-    gpu_acceptance.py pytest ARGS...           pytest, skipping (with the reason) tests whose packages are missing
-    gpu_acceptance.py plan                     which tests this machine skips for a missing package, and why
-    gpu_acceptance.py merge OUT.xml MANIFEST   one junit XML from the per-file ones, with a summary table
+    acceptance.py pytest ARGS...           pytest, skipping (with the reason) tests whose packages are missing
+    acceptance.py plan                     which tests this machine skips for a missing package, and why
+    acceptance.py bep BEP.json MANIFEST    the manifest of a `bazel test --build_event_json_file` run
+    acceptance.py merge OUT.xml MANIFEST   one junit XML from the per-file (per-target) ones, with a summary table
 
-The run starts one pytest process per test file, as Bazel's py_pytest_test targets do (process groups, CUDA state
-and Triton caches stay per file). MANIFEST lines are `file<TAB>rc<TAB>seconds<TAB>junit path`; rc `budget` means
-the file was not started because the run's time budget was spent. A file whose pytest died before writing its XML
-(a crash, a timeout) becomes one failing test case, a file never started one skipped case, so nothing goes missing
-from the merged XML.
+Without Bazel the run starts one pytest process per test file, as Bazel's py_pytest_test targets do (process groups,
+CUDA state and Triton caches stay per file). MANIFEST lines are `name<TAB>rc<TAB>seconds<TAB>junit path`: a test file
+and pytest's exit code, or a Bazel target and its status (PASSED and FLAKY are written as 0); rc `budget` means the
+file was not started because the run's time budget was spent. A file or target that ended without its XML (a crash,
+a timeout, a failed build) becomes one failing test case, a file never started one skipped case, so nothing goes
+missing from the merged XML.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import sys
 import xml.etree.ElementTree as ET
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # (package, test id pattern, what needs it): the gpu-tagged tests that cannot run without the package. The test id
 # is `path/from/repo/test_file.py::test_name[params]`.
@@ -92,8 +95,9 @@ def merge(out: str, manifest: str) -> int:
                 _case(suite, "not_run", "skipped", "not started: the run's time budget was spent")
                 counts.update(tests=1, skipped=1)
             else:
-                _case(suite, "pytest_process", "error", f"pytest exited with {rc} before writing its report "
-                      "(124/137: killed by the per-file time limit)")
+                why = (f"pytest exited with {rc} before writing its report (124/137: killed by the per-file time "
+                       "limit)" if rc.isdigit() else f"Bazel reports {rc} and no test report")
+                _case(suite, "no_report", "error", why)
                 counts.update(tests=1, errors=1)
             for key in counts:
                 suite.set(key, str(counts[key]))
@@ -115,6 +119,37 @@ def merge(out: str, manifest: str) -> int:
     return 0 if all(r[4] for r in rows) else 1
 
 
+def bep(events: str, manifest: str) -> int:
+    """Each test target's last attempt from Bazel's build event stream (JSON lines; a stream cut short by the time
+    budget is read up to its last whole line). A target that never ran has only a summary (FAILED_TO_BUILD,
+    NO_STATUS): it is listed with that status."""
+    results: dict[str, tuple[str, str, str]] = {}
+    with open(events) as f:
+        for line in f:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            key, = event["id"]
+            if key not in ("testResult", "testSummary"):
+                continue
+            label = event["id"][key]["label"]
+            if key == "testSummary":
+                status = event.get("testSummary", {}).get("overallStatus", "NO_STATUS")
+                results.setdefault(label, (status, "0", ""))
+                continue
+            result = event.get("testResult", {})
+            xml = next((o["uri"] for o in result.get("testActionOutput", []) if o.get("name") == "test.xml"), "")
+            seconds = f"{int(result.get('testAttemptDurationMillis', 0)) / 1000:.0f}"
+            results[label] = (result.get("status", "NO_STATUS"), seconds, xml.removeprefix("file://"))
+    with open(manifest, "w") as f:
+        for label, (status, seconds, xml) in results.items():
+            rc = "0" if status in ("PASSED", "FLAKY") else status
+            f.write(f"{label}\t{rc}\t{seconds}\t{xml}\n")
+    print(f"{len(results)} test targets reported by Bazel")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["pytest"]:
         import pytest
@@ -122,6 +157,8 @@ def main(argv: list[str]) -> int:
         return int(pytest.main(argv[1:], plugins=[sys.modules[__name__]]))
     if argv[:1] == ["plan"]:
         return plan()
+    if argv[:1] == ["bep"] and len(argv) == 3:
+        return bep(argv[1], argv[2])
     if argv[:1] == ["merge"] and len(argv) == 3:
         return merge(argv[1], argv[2])
     print(__doc__, file=sys.stderr)
