@@ -153,7 +153,7 @@ install_wheels() {  # into $WORK/site, which PYTHONPATH then names (Ray's worker
   section "install from $WHEELS"
   local site=$WORK/site archive
   mkdir -p "$site"
-  for archive in "$WHEELS"/*.tar.xz; do
+  for archive in "$WHEELS"/*.tar.xz "$WHEELS"/part*/*.tar.xz; do
     [[ -e $archive ]] || continue
     echo "unpack $(basename "$archive")"
     tar -xJf "$archive" -C "$site" || return 1
@@ -162,11 +162,14 @@ install_wheels() {  # into $WORK/site, which PYTHONPATH then names (Ray's worker
   # An environment without pip of its own (uv's): another pip installs for it (`--python`, pip >= 22.3).
   "$PYTHON" -m pip --version >/dev/null 2>&1 || pip=("${PIP_PYTHON:-python3}" -m pip --python "$PYTHON")
   pip+=(install -q --no-index --no-deps --no-cache-dir --disable-pip-version-check --target "$site")
-  if compgen -G "$WHEELS/*.whl" >/dev/null; then
-    "${pip[@]}" --no-compile "$WHEELS"/*.whl || return 1
+  local wheels sdists  # in DIR, or in the parts tools/gpu/wheels.sh split it into
+  mapfile -t wheels < <(compgen -G "$WHEELS/*.whl"; compgen -G "$WHEELS/part*/*.whl")
+  mapfile -t sdists < <(compgen -G "$WHEELS/*.tar.gz"; compgen -G "$WHEELS/part*/*.tar.gz")
+  if ((${#wheels[@]})); then
+    "${pip[@]}" --no-compile "${wheels[@]}" || return 1
   fi
-  if compgen -G "$WHEELS/*.tar.gz" >/dev/null; then  # source archives of pure-Python packages (DeepSpeed: no ops)
-    DS_BUILD_OPS=0 "${pip[@]}" --no-build-isolation "$WHEELS"/*.tar.gz || return 1
+  if ((${#sdists[@]})); then  # source archives of pure-Python packages (DeepSpeed: no ops)
+    DS_BUILD_OPS=0 "${pip[@]}" --no-build-isolation "${sdists[@]}" || return 1
   fi
   export PYTHONPATH=$PYTHONPATH:$site
   echo "installed into $site: $(ls "$site" | grep -c dist-info) packages"

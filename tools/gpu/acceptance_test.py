@@ -5,7 +5,8 @@ builds and runs nothing, in both modes. The bare plan names only test files that
 every gpu-tagged test target of the tree (the BUILD files: a `py_pytest_test` with the "gpu" tag) is in one of its
 lanes, so a GPU test added to the suite is not left out of the acceptance run. The report's inputs (Bazel's build
 event stream, pytest's junit files, the benchmark's figures) are written here by hand, and the report must show
-each figure, failure, skip reason and step that did not run.
+each figure, failure, skip reason and step that did not run. A folder of wheels over one transfer to a GPU machine
+is split into parts within it, every byte kept.
 
 Like lint_test, it reads the real source tree through the symlink of its pyproject.toml data dependency, and is
 tagged `external`: the tree it checks is not among its inputs."""
@@ -162,3 +163,31 @@ def test_the_report_from_bazels_event_stream_shows_every_result_figure_and_what_
     assert "fsdp2      0.412" in report
     assert "## Memory planner against the CUDA allocator\n\nNot run (see Steps)." in report
     assert "- plan_memory: the time budget was spent before it" in report
+
+
+def test_a_wheel_folder_over_one_transfer_is_split_into_parts_within_it(tmp_path):
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    mib = 2**20
+    sizes = {"a.whl": 0.6, "b.tar.gz": 0.5, "c.tar.xz": 0.4, "d.whl": 0.3}  # MiB, with a limit of 1
+    contents = {name: os.urandom(int(size * mib)) for name, size in sizes.items()}
+    for name, data in contents.items():
+        (folder / name).write_bytes(data)
+    env = {**os.environ, "GPU_WHEELS_LIMIT_MIB": "1"}
+    result = subprocess.run(["bash", os.path.join(_tree(), "tools/gpu/wheels.sh"), "--split", str(folder)], env=env,
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Largest first, each into the first part with room: 0.6 + 0.4 and 0.5 + 0.3.
+    parts = {p.name: {f.name: f.read_bytes() for f in p.iterdir()} for p in folder.iterdir()}
+    assert {k: sorted(v) for k, v in parts.items()} == {"part1": ["a.whl", "c.tar.xz"],
+                                                        "part2": ["b.tar.gz", "d.whl"]}
+    assert {n: b for files in parts.values() for n, b in files.items()} == contents
+    assert "wheels: 1.8 MiB in 2 parts" in result.stdout
+    assert "wheels/part1  (1.0 MiB, 2 files)" in result.stdout
+    assert "bash tools/gpu/acceptance.sh --bare --wheels wheels" in result.stdout
+
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "ray.tar.xz").write_bytes(os.urandom(int(1.5 * mib)))
+    too_big = subprocess.run(["bash", os.path.join(_tree(), "tools/gpu/wheels.sh"), "--split", "big"], env=env,
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert too_big.returncode != 0 and "ray.tar.xz alone (1.5 MiB) is over the 1 MiB" in too_big.stderr
