@@ -231,9 +231,10 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.strategies:
                 started = time.perf_counter()
                 run_dir = os.path.join(workdir, f"{name}-{round_index + 1}")
+                label = f"round {round_index + 1} {name}"
+                print(f"{label}: started (stopped after {args.timeout} s)", flush=True)
                 rows, failure = run_once(args, job, name, run_dir)
                 took = time.perf_counter() - started
-                label = f"round {round_index + 1} {name}"
                 if failure is not None:
                     outcomes[name].failures.append(failure)
                     print(f"{label}: FAILED after {took:.0f} s: {failure}", flush=True)

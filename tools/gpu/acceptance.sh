@@ -422,6 +422,15 @@ gpu_visible() {  # 1 or 0; bare: what torch sees; bazel: the driver's GPUs unles
   fi
 }
 
+# shellcheck disable=SC2086  # STRATEGIES_ARGS is a list of flags
+strategies() {  # cap: each strategy's run gets a quarter of the time left, so a slow run fails showing its output
+  local cap=$1 limit per_run
+  limit=$(remaining)
+  ((limit > cap)) && limit=$cap
+  per_run=$(((limit - 30) / 4))
+  figures strategies "$cap" --timeout $((per_run > 30 ? per_run : 30)) $STRATEGIES_ARGS
+}
+
 # shellcheck disable=SC2086  # the *_ARGS are lists of flags
 run_all() {  # the steps, each recorded for the report
   local has_gpu=$1
@@ -430,7 +439,7 @@ run_all() {  # the steps, each recorded for the report
     run_step kernels_gpu figures kernels_gpu 600 $BENCH_ARGS --json "$OUT/kernels_gpu.json"
     run_step tests bazel_tests
     run_step plan_memory figures plan_memory 300 $PLAN_ARGS
-    run_step strategies figures strategies 600 $STRATEGIES_ARGS
+    run_step strategies strategies 600
     return
   fi
   run_step versions versions
@@ -447,7 +456,7 @@ run_all() {  # the steps, each recorded for the report
   if [[ -z $(selected bench/strategies.py) ]]; then  # alone on the GPU, after the tests: its figures are timings
     step strategies "not run" - "not selected by --only"
   elif [[ $has_gpu == 1 ]]; then
-    run_step strategies figures strategies 300 $STRATEGIES_ARGS
+    run_step strategies strategies 300
   else
     step strategies "not run" - "no GPU (--cpu)"
   fi
