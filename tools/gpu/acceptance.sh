@@ -18,10 +18,9 @@
 #   deepspeed, megatron-core and what they need), so that the tests and runs that need them run instead of being
 #   skipped. Steps (bounded together by GPU_ACCEPTANCE_BUDGET_S, default 450 s, so the run ends on its own):
 #   1. versions of python, torch, CUDA, the GPU, triton, transformers and the optional packages;
-#   2. the build, in parallel: //rl/kernels/cuda:rl_kernels_cuda.so and //tests/third_party/cuda:axpy_ext.so with
-#      nvcc (sm_80, sm_90 + compute_90 PTX, plus the local GPU's arch if it is neither) + pybind11 + static cudart,
-#      and //rl/kernels/aot:triton (every Triton kernel AOT for sm_80 and sm_90), into a temp dir laid out like
-#      bazel-bin that the tests read through $RL_BAZEL_BIN (and the kernels through $RL_KERNELS_CUDA_EXT);
+#   2. the build (tools/gpu/build.sh): //rl/kernels/cuda:rl_kernels_cuda.so, //tests/third_party/cuda:axpy_ext.so
+#      and //rl/kernels/aot:triton with nvcc, pybind11 and Triton, into a temp dir laid out like bazel-bin that the
+#      tests read through $RL_BAZEL_BIN (and the kernels through $RL_KERNELS_CUDA_EXT);
 #   3. bench/kernels_gpu.py at a small size, alone on the GPU;
 #   4. the gpu-tagged tests and the tests that check the kernels and the backends on this torch/transformers, one
 #      pytest process per file (as Bazel's targets), in two lanes (GPU-heavy files; light ones), with a per-test
@@ -44,16 +43,6 @@ set -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 2
 PYTHON=${PYTHON:-python3}
-find_cuda_home() {  # third_party/cuda/local_cuda.bzl's order: $CUDA_HOME, $CUDA_PATH, /usr/local/cuda, nvcc on PATH
-  local root
-  for root in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda; do
-    if [[ -n $root && -x $root/bin/nvcc ]]; then echo "$root"; return; fi
-  done
-  root=$(command -v nvcc) && dirname "$(dirname "$root")"
-}
-CUDA_ROOT=$(find_cuda_home)
-NVCC=${CUDA_ROOT:-/usr/local/cuda}/bin/nvcc
-CXX=${CXX:-$(command -v g++ || command -v c++ || echo g++)}
 BAZEL=${BAZEL:-$REPO/bazelw}
 FILE_CAP_S=${GPU_ACCEPTANCE_FILE_CAP_S:-300}  # one test file at most
 TEST_TIMEOUT_S=${GPU_ACCEPTANCE_TEST_TIMEOUT_S:-240}  # one test at most (pytest-timeout)
@@ -74,7 +63,7 @@ while (($#)); do
     --only) ONLY=$2; shift ;;
     --wheels) WHEELS=$(realpath "$2"); shift ;;
     --targets) shift; while (($#)) && [[ $1 != --* ]]; do TARGETS+=("$1"); shift; done; continue ;;
-    -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -100,7 +89,7 @@ mkdir -p "$OUT"
 WORK=$(mktemp -d -t gpu_acceptance.XXXXXX)  # the build and per-file logs; GPU_ACCEPTANCE_KEEP=1 keeps it
 if [[ ${GPU_ACCEPTANCE_KEEP:-0} != 1 ]]; then trap 'rm -rf "$WORK"' EXIT; fi
 BIN=$WORK/bin  # laid out like bazel-bin
-mkdir -p "$BIN/rl/kernels/cuda" "$BIN/tests/third_party/cuda" "$BIN/rl/kernels/aot" "$WORK/logs" "$WORK/junit"
+mkdir -p "$WORK/logs" "$WORK/junit"
 MANIFEST=$WORK/manifest.tsv STEPS=$WORK/steps.tsv
 : >"$MANIFEST"
 : >"$STEPS"
@@ -232,87 +221,23 @@ versions() {
     if [[ $MODE == bazel ]]; then
       timeout -k 10 "$(remaining)" "$BAZEL" run --config=gpu //tools/gpu:versions
     else
-      "$PYTHON" tools/gpu/versions.py && "$NVCC" --version | tail -n 2 && "$CXX" --version | head -n 1
+      "$PYTHON" tools/gpu/versions.py && PYTHON=$PYTHON bash tools/gpu/build.sh --versions
     fi
     local rc=$?
     if command -v nvidia-smi >/dev/null; then
       nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
     fi
-    echo "nproc $(nproc)"
+    echo "nproc $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
     return $rc
   } | tee "$WORK/versions.txt"
 }
 
-# ---- build ------------------------------------------------------------------------------------------------------
-BUILD_LIMIT=300
-GENCODES=(-gencode "arch=compute_80,code=sm_80" -gencode "arch=compute_90,code=sm_90"
-  -gencode "arch=compute_90,code=compute_90")  # third_party/cuda/cuda.bzl: DEFAULT_GENCODES
-
-cuda_extension() {  # name out.so bindings.cc cu... : what third_party/cuda/cuda.bzl's py_cuda_extension builds
-  local name=$1 out=$2 bindings=$3 objs=() pids=() src obj pid status=0
-  shift 3
-  local cuda_home=$CUDA_ROOT py_inc pybind_inc cudart
-  cudart=$cuda_home/lib64/libcudart_static.a
-  [[ -f $cudart ]] || cudart=$cuda_home/lib/libcudart_static.a
-  py_inc=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-  pybind_inc=$("$PYTHON" -c 'import pybind11; print(pybind11.get_include())')
-  if [[ ! -f $py_inc/Python.h ]]; then
-    echo "$name: no Python.h under $py_inc (the Python headers are not installed)"
-    return 1
-  fi
-  mkdir -p "$WORK/objs/$name"
-  for src in "$@"; do
-    obj=$WORK/objs/$name/$(basename "$src").o
-    objs+=("$obj")
-    (set -x; timeout -k 5 "$BUILD_LIMIT" "$NVCC" -c -Xcompiler -fPIC -std=c++17 -O3 --expt-relaxed-constexpr \
-      --threads 0 "${GENCODES[@]}" -I"$cuda_home/include" -I. -o "$obj" "$src") &
-    pids+=($!)
-  done
-  (set -x; timeout -k 5 "$BUILD_LIMIT" "$CXX" -c -fPIC -fvisibility=hidden -std=c++17 -O2 -I"$py_inc" \
-    -I"$pybind_inc" -I"$cuda_home/include" -I. -o "$WORK/objs/$name/bindings.o" "$bindings") || status=1
-  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-  ((status == 0)) || return 1
-  (set -x; "$CXX" -shared -o "$out" "$WORK/objs/$name/bindings.o" "${objs[@]}" "$cudart" -ldl -lpthread -lrt)
-}
-
-build() {
+build() {  # what Bazel builds for the GPU tests, into $BIN (tools/gpu/build.sh)
   section "build"
-  local arch
-  arch=$("$PYTHON" -c 'import torch
-m, n = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0)
-print(f"{m}{n}")')
-  if [[ $arch != 80 && $arch != 90 ]]; then
-    GENCODES+=(-gencode "arch=compute_$arch,code=sm_$arch")
-    echo "the local GPU is sm_$arch: its cubin is added to Bazel's sm_80, sm_90 and compute_90"
-  fi
-  local t0 pids=() names=() i status=0
-  t0=$(date +%s)
-  BUILD_LIMIT=$(($(remaining) > 300 ? 300 : $(remaining)))
-  cuda_extension rl_kernels_cuda "$BIN/rl/kernels/cuda/rl_kernels_cuda.so" rl/kernels/cuda/bindings.cc \
-    rl/kernels/cuda/fused_loss.cu rl/kernels/cuda/logprobs.cu rl/kernels/cuda/packing.cu \
-    >"$WORK/logs/build_ext.log" 2>&1 &
-  pids+=($!) names+=("//rl/kernels/cuda:rl_kernels_cuda.so")
-  cuda_extension axpy_ext "$BIN/tests/third_party/cuda/axpy_ext.so" tests/third_party/cuda/axpy_bindings.cc \
-    tests/third_party/cuda/axpy.cu >"$WORK/logs/build_axpy.log" 2>&1 &
-  pids+=($!) names+=("//tests/third_party/cuda:axpy_ext.so")
-  for arch in 80 90; do
-    timeout -k 10 "$BUILD_LIMIT" "$PYTHON" rl/kernels/aot/triton_aot_compile.py --arch "$arch" \
-      --out_dir "$BIN/rl/kernels/aot/triton_sm$arch" >"$WORK/logs/build_triton_sm$arch.log" 2>&1 &
-    pids+=($!) names+=("//rl/kernels/aot:triton_sm$arch")
-  done
-  for i in "${!pids[@]}"; do
-    if wait "${pids[$i]}"; then
-      echo "built ${names[$i]}"
-    else
-      echo "FAILED ${names[$i]}"
-      status=1
-    fi
-  done
-  locked_cat "$WORK"/logs/build_*.log
-  echo "build: $(($(date +%s) - t0)) s"
-  ls -l "$BIN/rl/kernels/cuda" "$BIN/tests/third_party/cuda"
-  echo "triton AOT outputs: $(find "$BIN/rl/kernels/aot" -type f | wc -l) files"
-  return $status
+  local limit
+  limit=$(remaining)
+  ((limit > 300)) && limit=300
+  PYTHON=$PYTHON bash tools/gpu/build.sh "$BIN" "$limit"
 }
 
 # ---- benchmarks -------------------------------------------------------------------------------------------------
