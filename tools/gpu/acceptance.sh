@@ -165,6 +165,7 @@ install_wheels() {  # into $WORK/site, which PYTHONPATH then names (Ray's worker
 }
 
 remaining() { echo $((BUDGET_S - ($(date +%s) - START))); }
+left_within() { local left; left=$(remaining); echo $((left < $1 ? left : $1)); }  # the time left, at most $1 s
 elapsed_since() { echo $(($(date +%s) - $1)); }
 # A step's outcome for the report: name, result (ok, failed, not run), start time, detail.
 step() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$([[ $3 == - ]] && echo - || elapsed_since "$3")" "${4:-}" >>"$STEPS"; }
@@ -184,7 +185,7 @@ run_step() {
   return $rc
 }
 locked_cat() { if command -v flock >/dev/null; then flock "$WORK/print.lock" cat "$@"; else cat "$@"; fi; }
-section() { printf '\n===== %s (t=%ss)\n' "$*" "$(($(date +%s) - START))"; }
+section() { printf '\n===== %s (t=%ss)\n' "$*" "$(elapsed_since "$START")"; }
 
 selected() {  # the lane's files that --only keeps
   local f
@@ -235,8 +236,7 @@ versions() {
 build() {  # what Bazel builds for the GPU tests, into $BIN (tools/gpu/build.sh)
   section "build"
   local limit
-  limit=$(remaining)
-  ((limit > 300)) && limit=300
+  limit=$(left_within 300)
   PYTHON=$PYTHON bash tools/gpu/build.sh "$BIN" "$limit"
 }
 
@@ -245,8 +245,7 @@ figures() {  # module cap_s args...: bench/<module>.py, through Bazel or this py
   local module=$1 cap=$2 limit rc cmd
   shift 2
   section "bench/$module.py $*"
-  limit=$(remaining)
-  ((limit > cap)) && limit=$cap
+  limit=$(left_within "$cap")
   if ((limit < 30)); then
     echo "not run: the time budget is spent"
     return "$BUDGET_SPENT"
@@ -255,8 +254,7 @@ figures() {  # module cap_s args...: bench/<module>.py, through Bazel or this py
   if [[ $MODE == bazel ]]; then  # Bazel builds it and writes how to run it: its output stays out of the figures
     timeout -k 10 "$limit" "$BAZEL" run --config=gpu --script_path="$WORK/$module.sh" "//bench:$module" || return
     cmd=(bash "$WORK/$module.sh")
-    limit=$(remaining)
-    ((limit > cap)) && limit=$cap
+    limit=$(left_within "$cap")
   fi
   timeout -k 10 "$limit" "${cmd[@]}" "$@" 2>&1 | tee "$OUT/$module.txt"
   rc=${PIPESTATUS[0]}
@@ -272,24 +270,23 @@ if "$PYTHON" -c 'import pytest_timeout' 2>/dev/null; then
 fi
 
 run_file() {  # lane file
-  local lane=$1 file=$2 name log xml left cap t0 rc
+  local lane=$1 file=$2 name log xml cap t0 rc
   name=${file//\//_}
   log=$WORK/logs/$name.log
   xml=$WORK/junit/$name.xml
-  left=$(remaining)
-  if ((left < 20)); then
+  cap=$(left_within "$FILE_CAP_S")
+  if ((cap < 20)); then
     printf '%s\tbudget\t0\t%s\n' "$file" "$xml" >>"$MANIFEST"
     echo "[$lane] $file: not started, the time budget is spent" | locked_cat
     return
   fi
-  cap=$((left < FILE_CAP_S ? left : FILE_CAP_S))
-  echo "[$lane] start $file (limit ${cap}s, t=$(($(date +%s) - START))s)" | locked_cat
+  echo "[$lane] start $file (limit ${cap}s, t=$(elapsed_since "$START")s)" | locked_cat
   t0=$(date +%s)
   timeout -k 15 "$cap" "$PYTHON" tools/gpu/acceptance.py pytest "${PYTEST_ARGS[@]}" --junitxml="$xml" "$file" \
     >"$log" 2>&1
   rc=$?
-  printf '%s\t%s\t%s\t%s\n' "$file" "$rc" "$(($(date +%s) - t0))" "$xml" >>"$MANIFEST"
-  { printf '\n----- [%s] %s: rc=%s in %ss\n' "$lane" "$file" "$rc" "$(($(date +%s) - t0))"; cat "$log"; } | locked_cat
+  printf '%s\t%s\t%s\t%s\n' "$file" "$rc" "$(elapsed_since "$t0")" "$xml" >>"$MANIFEST"
+  { printf '\n----- [%s] %s: rc=%s in %ss\n' "$lane" "$file" "$rc" "$(elapsed_since "$t0")"; cat "$log"; } | locked_cat
 }
 
 lane() {  # name files...
@@ -350,8 +347,7 @@ gpu_visible() {  # 1 or 0; bare: what torch sees; bazel: the driver's GPUs unles
 # shellcheck disable=SC2086  # STRATEGIES_ARGS is a list of flags
 strategies() {  # cap: each strategy's run gets a quarter of the time left, so a slow run fails showing its output
   local cap=$1 limit per_run
-  limit=$(remaining)
-  ((limit > cap)) && limit=$cap
+  limit=$(left_within "$cap")
   per_run=$(((limit - 30) / 4))
   figures strategies "$cap" --timeout $((per_run > 30 ? per_run : 30)) $STRATEGIES_ARGS
 }

@@ -15,7 +15,6 @@ import json
 import os
 import sys
 import xml.etree.ElementTree as ET
-from collections import OrderedDict
 
 TEXT_TAIL_LINES = 60  # of a benchmark's printed output
 MESSAGE_CHARS = 400  # of a failure's message
@@ -71,12 +70,10 @@ def _kernels(path: str) -> list[str]:
     return lines
 
 
-def _cases(junit: str) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
-    """(failed, skipped) test cases of the merged junit XML: (suite, test, message)."""
+def _cases(suites: list[ET.Element]) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+    """(failed, skipped) test cases of the junit suites: (suite, test, message)."""
     failed, skipped = [], []
-    if _read(junit) is None:
-        return failed, skipped
-    for suite in ET.parse(junit).getroot().iter("testsuite"):
+    for suite in suites:
         for case in suite.iter("testcase"):
             for kind, into in (("failure", failed), ("error", failed), ("skipped", skipped)):
                 node = case.find(kind)
@@ -89,15 +86,15 @@ def _cases(junit: str) -> tuple[list[tuple[str, str, str]], list[tuple[str, str,
 
 def _tests(out: str, work: str) -> list[str]:
     manifest = _rows(os.path.join(work, "manifest.tsv"))
-    junit = os.path.join(out, "junit.xml")
     if not manifest:
         return ["No test ran (see Steps).", ""]
+    junit = os.path.join(out, "junit.xml")
+    suites = list(ET.parse(junit).getroot().iter("testsuite")) if os.path.isfile(junit) else []
     counts = {}
-    if _read(junit) is not None:
-        for suite in ET.parse(junit).getroot().iter("testsuite"):
-            c = counts.setdefault(suite.get("name", ""), dict.fromkeys(("tests", "failures", "errors", "skipped"), 0))
-            for key in c:
-                c[key] += int(suite.get(key, 0))
+    for suite in suites:
+        c = counts.setdefault(suite.get("name", ""), dict.fromkeys(("tests", "failures", "errors", "skipped"), 0))
+        for key in c:
+            c[key] += int(suite.get(key, 0))
     totals = dict.fromkeys(("tests", "failures", "errors", "skipped"), 0)
     rows = []
     for name, rc, seconds, *_ in manifest:
@@ -112,12 +109,12 @@ def _tests(out: str, work: str) -> list[str]:
     lines = [f"{totals['tests']} tests in {len(manifest)} files or targets: {passed} passed, "
              f"{totals['failures'] + totals['errors']} failed, {totals['skipped']} skipped.", ""]
     lines += _table(["file or target", "result", "s", "passed", "failed", "skipped"], rows)
-    failed, skipped = _cases(junit)
+    failed, skipped = _cases(suites)
     if failed:
         lines += ["### Failed", ""]
         lines += [f"- `{suite}::{test}`: {message}" for suite, test, message in failed] + [""]
     if skipped:
-        reasons: OrderedDict[str, list[str]] = OrderedDict()
+        reasons: dict[str, list[str]] = {}
         for suite, test, message in skipped:
             reasons.setdefault(message, []).append(f"{suite}::{test}")
         lines += ["### Skipped, by reason", ""]
