@@ -130,7 +130,7 @@ def bep(events: str, manifest: str) -> int:
                 event = json.loads(line)
             except json.JSONDecodeError:
                 break
-            key, = event["id"]
+            key = next(iter(event["id"]), "")
             if key not in ("testResult", "testSummary"):
                 continue
             label = event["id"][key]["label"]
