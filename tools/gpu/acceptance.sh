@@ -180,7 +180,8 @@ run_step() {
   case $rc in
     0) step "$name" ok "$t0" ;;
     "$BUDGET_SPENT") step "$name" "not run" - "the time budget was spent before it" ;;
-    *) step "$name" failed "$t0" "exit status $rc$( ((rc == 124 || rc == 137)) && echo ": stopped by its time limit")" ;;
+    *) step "$name" failed "$t0" \
+      "exit status $rc$( ((rc == 124 || rc == 137)) && echo ": stopped by its time limit")" ;;
   esac
   return $rc
 }
@@ -352,35 +353,34 @@ strategies() {  # cap: each strategy's run gets a quarter of the time left, so a
   figures strategies "$cap" --timeout $((per_run > 30 ? per_run : 30)) $STRATEGIES_ARGS
 }
 
+bench_step() {  # has_gpu name command...: a benchmark's step, unless --only leaves it out or no GPU is visible
+  local has_gpu=$1 name=$2
+  shift 2
+  if [[ -z $(selected "bench/$name.py") ]]; then
+    step "$name" "not run" - "not selected by --only"
+  elif [[ $has_gpu == 1 ]]; then
+    run_step "$name" "$@"
+  else
+    step "$name" "not run" - "no GPU (--cpu)"
+  fi
+}
+
 # shellcheck disable=SC2086  # the *_ARGS are lists of flags
-run_all() {  # the steps, each recorded for the report
-  local has_gpu=$1
-  if [[ $MODE == bazel ]]; then
-    run_step versions versions
-    run_step kernels_gpu figures kernels_gpu 600 $BENCH_ARGS --json "$OUT/kernels_gpu.json"
+run_all() {  # the steps, each recorded for the report; through Bazel, a benchmark's cap includes its build
+  local has_gpu=$1 bazel=0
+  [[ $MODE == bazel ]] && bazel=1
+  run_step versions versions
+  ((bazel)) || run_step build build
+  bench_step "$has_gpu" kernels_gpu figures kernels_gpu $((bazel ? 600 : 180)) $BENCH_ARGS \
+    --json "$OUT/kernels_gpu.json"
+  if ((bazel)); then
     run_step tests bazel_tests
     run_step plan_memory figures plan_memory 300 $PLAN_ARGS
-    run_step strategies strategies 600
-    return
-  fi
-  run_step versions versions
-  run_step build build
-  if [[ -n $ONLY && ! bench/kernels_gpu.py =~ $ONLY ]]; then
-    step kernels_gpu "not run" - "not selected by --only"
-  elif [[ $has_gpu == 1 ]]; then
-    run_step kernels_gpu figures kernels_gpu 180 $BENCH_ARGS --json "$OUT/kernels_gpu.json"
   else
-    step kernels_gpu "not run" - "no GPU (--cpu)"
+    [[ -n $(selected bench/plan_memory.py) ]] || step plan_memory "not run" - "not selected by --only"
+    run_step tests bare_tests  # bench/plan_memory.py beside the tests
   fi
-  [[ -n $(selected bench/plan_memory.py) ]] || step plan_memory "not run" - "not selected by --only"
-  run_step tests bare_tests
-  if [[ -z $(selected bench/strategies.py) ]]; then  # alone on the GPU, after the tests: its figures are timings
-    step strategies "not run" - "not selected by --only"
-  elif [[ $has_gpu == 1 ]]; then
-    run_step strategies strategies 300
-  else
-    step strategies "not run" - "no GPU (--cpu)"
-  fi
+  bench_step "$has_gpu" strategies strategies $((bazel ? 600 : 300))  # alone on the GPU, after the tests
 }
 
 main() {
