@@ -65,8 +65,14 @@ def make_engine(cfg, model_path: str, tokenizer, placement: Placement):
         return build_engine("hf", model_path, tokenizer, device=device)
     kwargs = dict(device=device)
     if gen.backend == "vllm":
+        print("vllm engines' KV cache: " + (
+            f"{gen.kv_cache_memory_bytes / (1 << 20):.1f} MiB each (generator.kv_cache_memory_bytes; vLLM does not "
+            "use gpu_memory_utilization then)" if gen.kv_cache_memory_bytes is not None else
+            f"what gpu_memory_utilization={gen.gpu_memory_utilization} of each engine's "
+            f"{'device' if device == 'cuda' else 'NUMA node'} leaves (generator.kv_cache_memory_bytes is null)"))
         kwargs.update(tensor_parallel_size=gen.inference_engine_tensor_parallel_size,
                       gpu_memory_utilization=gen.gpu_memory_utilization,
+                      kv_cache_memory_bytes=gen.kv_cache_memory_bytes,
                       enable_prefix_caching=gen.enable_prefix_caching,
                       max_num_batched_tokens=gen.max_num_batched_tokens, max_num_seqs=gen.max_num_seqs,
                       max_model_len=gen.max_prompt_length + gen.max_generate_length, seed=cfg.trainer.seed,

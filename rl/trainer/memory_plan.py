@@ -122,7 +122,8 @@ def memory_problems(cfg) -> list[str]:
     if current.excluded:
         return []  # the config's own checks name what does not divide
     if current.engine_problem:
-        return [f"generator.gpu_memory_utilization: {current.engine_problem}"]
+        key = "kv_cache_memory_bytes" if cfg.generator.kv_cache_memory_bytes is not None else "gpu_memory_utilization"
+        return [f"generator.{key}: {current.engine_problem}"]
     return [] if current.fits(gpu) else [_refusal(cfg, inputs, current, gpu, source)]
 
 

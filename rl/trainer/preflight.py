@@ -4,8 +4,9 @@ suits it and the length checks below see the prompts the trainer encodes), the m
 the reward is registered, a multi-turn environment builds and every prompt leaves room in its episodes, prompts fit
 generator.max_prompt_length (data.truncation=error) and the model's positions, checkpoints and exports can be
 written where the config says, a checkpoint to resume is complete, intact and of this strategy, the kernels
-`trainer.kernels` names and nccl weight sync can run here (both need CUDA), the placement fits this machine, and the
-memory planner predicts the layout fits its GPUs (`rl.trainer.memory_plan`). Every problem is reported at once as a
+`trainer.kernels` names and nccl weight sync can run here (both need CUDA), the vLLM engines' KV cache fits this
+machine (`rl.trainer.engine_memory`), the placement fits this machine, and the memory planner predicts the layout fits
+its GPUs (`rl.trainer.memory_plan`). Every problem is reported at once as a
 ConfigError naming the key."""
 
 from __future__ import annotations
@@ -346,6 +347,28 @@ def _engine_kwargs_problems(cfg) -> list[str]:
             f"EngineArgs){did_you_mean(name, known)}" for name in extra if name not in known]
 
 
+def _on_this_machine(ray_address: str | None) -> bool:
+    """The run's actors start on this machine: its own Ray, or a cluster whose head is one of its addresses."""
+    if ray_address in (None, "local"):
+        return True
+    import socket
+
+    host = ray_address.removeprefix("ray://").rsplit(":", 1)[0]
+    try:
+        return host in ("localhost", "127.0.0.1", socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        return False
+
+
+def _engine_memory_problems(cfg, ray_address: str | None) -> list[str]:
+    from rl.trainer.engine_memory import engine_memory_problems
+    from rl.trainer.memory_plan import model_config
+
+    model = model_config(cfg.trainer.policy.model.path) if cfg.generator.backend == "vllm" else None
+    on_cpu = not torch.cuda.is_available() and _on_this_machine(ray_address)
+    return engine_memory_problems(cfg, model, on_cpu)
+
+
 def _placement_problems(cfg, ray_address: str | None) -> list[str]:
     from rl.trainer.placement import fit_problems, machine_cores
 
@@ -361,6 +384,7 @@ def preflight(cfg, ray_address: str | None = None) -> None:
                 *_prompt_room_problems(cfg, loaded), *_prompt_length_problems(cfg, loaded), *agent_problems(cfg),
                 *_resume_problems(cfg), *_writable_problems(cfg), *_kernel_problems(cfg, ray_address),
                 *_weight_sync_problems(cfg, ray_address), *_engine_kwargs_problems(cfg),
+                *_engine_memory_problems(cfg, ray_address),
                 *_placement_problems(cfg, ray_address), *companion_model_problems(cfg), *memory_problems(cfg),
                 *vision_language_problems(cfg)]
     if problems:

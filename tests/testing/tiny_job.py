@@ -5,6 +5,11 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 
+ENGINE_KV_BYTES = 64 << 20
+"""Each vLLM engine's KV cache in the suite: bytes, so an engine gets the same cache on every machine (a fraction of
+the host's memory left none on one whose NUMA node is small); the tiny jobs' batches need under 8 MiB of it."""
+ENGINE_KV_CACHE = f"generator.kv_cache_memory_bytes={ENGINE_KV_BYTES}"
+
 
 @dataclass(frozen=True)
 class TinyJob:

@@ -154,6 +154,9 @@ def engine_bytes(inputs: PlanInputs) -> tuple[float, str | None]:
     if engine is None:
         return 0.0, None
     weights = shape.total_params() * 2 / engine.tp  # bf16 weights
+    if engine.backend == "vllm" and engine.kv_cache_bytes is not None:
+        return weights + engine.kv_cache_bytes, terms.kv_cache_problem(
+            engine.kv_cache_bytes, shape, engine.sequence_tokens, 2, engine.tp)
     if engine.backend == "vllm":
         if inputs.gpu_bytes is None:
             return weights, None

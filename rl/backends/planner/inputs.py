@@ -19,6 +19,8 @@ class EngineInputs:
     """`vllm` (engines asleep while the workers train, each claiming `utilization` of its GPU while it generates) or
     `hf` (transformers' generate in the driver, on the first GPU)."""
     utilization: float = 0.8
+    kv_cache_bytes: float | None = None
+    """vLLM: each engine's KV cache in bytes (`generator.kv_cache_memory_bytes`), else what `utilization` leaves."""
     tp: int = 1
     sequences: int = 1
     """Sequences generated at once (the HF engine: a whole rollout batch)."""
@@ -82,6 +84,7 @@ def inputs_from_config(cfg, shape: ModelShape, gpu_bytes: float | None, ref_shap
     engine = None
     if placement.colocate_all:
         engine = EngineInputs(backend=gen.backend, utilization=gen.gpu_memory_utilization,
+                              kv_cache_bytes=gen.kv_cache_memory_bytes,
                               tp=gen.inference_engine_tensor_parallel_size,
                               sequences=trainer.train_batch_size * gen.n_samples_per_prompt, sequence_tokens=length)
     return PlanInputs(

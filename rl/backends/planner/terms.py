@@ -192,6 +192,17 @@ def kv_bytes_per_token(shape: ModelShape, c: int = 2, tp: int = 1) -> float:
     return 2 * shape.layers * shape.kv_heads * shape.head_dim * c / tp
 
 
+def kv_cache_problem(kv_bytes: float, shape: ModelShape, sequence_tokens: int, c: int = 2, tp: int = 1) -> str | None:
+    """Why a KV cache of `kv_bytes` per engine cannot serve the run (vLLM refuses to start when it cannot hold one
+    whole sequence), or None."""
+    per_token = kv_bytes_per_token(shape, c, tp)
+    if kv_bytes >= sequence_tokens * per_token:
+        return None
+    return (f"{kv_bytes:,.0f} bytes of KV cache per engine hold {int(kv_bytes // per_token):,} tokens "
+            f"({per_token:,.0f} bytes each), less than one {sequence_tokens}-token sequence "
+            f"({sequence_tokens * per_token:,.0f} bytes): raise generator.kv_cache_memory_bytes")
+
+
 def vllm_kv_tokens(claim: float, weights: float, shape: ModelShape, c: int = 2, tp: int = 1) -> float:
     """Tokens of KV cache a vLLM engine gets: what its `gpu_memory_utilization` claim leaves after its weights,
     over `kv_bytes_per_token` (vLLM also subtracts the activations of its profiling run, which this ignores)."""

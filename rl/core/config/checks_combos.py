@@ -175,6 +175,7 @@ ENGINE_ARGUMENTS_OF_KEYS = {
     "model": "trainer.policy.model.path", "tokenizer": "trainer.policy.model.path",
     "tensor_parallel_size": "generator.inference_engine_tensor_parallel_size",
     "gpu_memory_utilization": "generator.gpu_memory_utilization",
+    "kv_cache_memory_bytes": "generator.kv_cache_memory_bytes",
     "enable_prefix_caching": "generator.enable_prefix_caching",
     "max_num_batched_tokens": "generator.max_num_batched_tokens", "max_num_seqs": "generator.max_num_seqs",
     "max_model_len": "generator.max_prompt_length + generator.max_generate_length", "seed": "trainer.seed",
@@ -190,8 +191,8 @@ ENGINE_ARGUMENTS_KEPT = {
 
 
 def check_engine_kwargs(cfg: Config, problems: Problems) -> None:
-    """generator.engine_init_kwargs go to vLLM only, never in place of a key of ours or an argument the trainer
-    sets (the names vLLM knows are checked in preflight, where vLLM may be imported)."""
+    """generator.engine_init_kwargs go to vLLM only, never in place of a key of ours or
+    an argument the trainer sets (the names vLLM knows are checked in preflight, where vLLM may be imported)."""
     key, extra = "generator.engine_init_kwargs", cfg.generator.engine_init_kwargs
     if extra and cfg.generator.backend != "vllm":
         problems.add(key, f"are {extra}, arguments of vllm.LLM, but generator.backend={cfg.generator.backend}; "

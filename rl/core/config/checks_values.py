@@ -144,6 +144,7 @@ RULES: tuple[Rule, ...] = (
                                                      "max_num_batched_tokens", "max_num_seqs",
                                                      "weight_sync_bucket_mb")),
     within("generator.gpu_memory_utilization", 0, 1, low_open=True),
+    optional(at_least("generator.kv_cache_memory_bytes", 1, "a number of bytes")),
     *(
         at_least(f"generator.{name}", 1)
         for name in ("n_samples_per_prompt", "max_generate_length", "max_prompt_length", "eval_n_samples_per_prompt")

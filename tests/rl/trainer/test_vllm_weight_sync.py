@@ -18,7 +18,7 @@ import torch
 
 from rl.trainer.metrics import read_metrics
 from tests.testing import tolerances
-from tests.testing.tiny_job import make_tiny_job, run_train
+from tests.testing.tiny_job import ENGINE_KV_CACHE, make_tiny_job, run_train
 
 LAYOUTS = {
     "fsdp2": ["trainer.strategy=fsdp2"],
@@ -40,7 +40,7 @@ def job(tmp_path_factory):
 def test_engine_samples_from_the_weights_the_workers_trained(job, tmp_path, layout):
     run_dir = str(tmp_path / layout)
     overrides = [*job.overrides(steps=STEPS), "trainer.placement.policy_num_gpus_per_node=2", *LAYOUTS[layout],
-                 "generator.backend=vllm", "generator.gpu_memory_utilization=0.2", "data.reward_fn=gsm8k_flexible",
+                 "generator.backend=vllm", ENGINE_KV_CACHE, "data.reward_fn=gsm8k_flexible",
                  "trainer.algorithm.use_entropy_loss=true",
                  f"trainer.policy.optimizer_config.lr={LR}", "generator.weight_sync_bucket_mb=1",
                  "trainer.algorithm.use_kl_loss=true", "trainer.algorithm.kl_estimator_type=abs"]

@@ -111,12 +111,17 @@ def emit_alias(layer: Layer, key: str, entry: Alias, dialect: str, value: Any, i
         layer.differs(key, dialect, entry.differs)
 
 
-def move_mapping(layer: Layer, theirs: str, ours: str, dialect: str) -> None:
-    """Another project's free-form mapping (`theirs`, whole or key by key) as the same entries of ours."""
+LIFTED_ENGINE_ARGUMENTS = {"kv_cache_memory_bytes": "generator.kv_cache_memory_bytes"}
+"""vLLM arguments the peers pass in their free-form engine mappings that are keys of ours."""
+
+
+def move_mapping(layer: Layer, theirs: str, ours: str, dialect: str, lifted: dict[str, str] | None = None) -> None:
+    """Another project's free-form mapping (`theirs`, whole or key by key) as the same entries of ours; an entry
+    named in `lifted` goes to the key of ours it names instead (an argument we give a key of its own)."""
     layer.expand(theirs)
     for key in layer.names(theirs):
         value = layer.take(key)
-        target = ours + key[len(theirs):]
+        target = (lifted or {}).get(key[len(theirs) + 1:]) or ours + key[len(theirs):]
         layer.emit(target, {} if key == theirs and value is None else value)
         layer.alias(key, target, dialect)
 
@@ -131,6 +136,7 @@ def given(value: Any) -> bool:
 
 
 __all__ = [
+    "LIFTED_ENGINE_ARGUMENTS",
     "MISSING",
     "Dialect",
     "Item",

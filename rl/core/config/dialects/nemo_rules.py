@@ -7,7 +7,7 @@ import types
 from typing import Any
 
 from rl.core.config import strategies
-from rl.core.config.dialects.apply import move_mapping
+from rl.core.config.dialects.apply import LIFTED_ENGINE_ARGUMENTS, move_mapping
 from rl.core.config.dialects.layer import MISSING, Layer
 from rl.core.config.dialects.nemo import GEN, MC, VLLM, P
 from rl.core.config.dialects.skyrl_rules import expert_tensor_parallel
@@ -449,7 +449,7 @@ def _dense_only(layer: Layer, key: str, value: Any):
 
 def engine_kwargs(layer: Layer) -> None:
     """`policy.generation.vllm_kwargs`: further arguments of every vLLM engine, as generator.engine_init_kwargs."""
-    move_mapping(layer, GEN + "vllm_kwargs", "generator.engine_init_kwargs", NEMO)
+    move_mapping(layer, GEN + "vllm_kwargs", "generator.engine_init_kwargs", NEMO, LIFTED_ENGINE_ARGUMENTS)
 
 
 RULES = (

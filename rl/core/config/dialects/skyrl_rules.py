@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rl.core.config.defaults import get
-from rl.core.config.dialects.apply import move_mapping
+from rl.core.config.dialects.apply import LIFTED_ENGINE_ARGUMENTS, move_mapping
 from rl.core.config.dialects.layer import MISSING, Layer
 from rl.core.config.dialects.skyrl import ESP, IE, MEGATRON, REF_LAYOUT, G, T
 
@@ -379,7 +379,7 @@ def sample_full_batch(layer: Layer) -> None:
 
 def engine_kwargs(layer: Layer) -> None:
     """SkyRL's 2026 spelling of the extra vLLM arguments (its 2025 one, generator.engine_init_kwargs, is ours)."""
-    move_mapping(layer, f"{IE}engine_init_kwargs", f"{G}engine_init_kwargs", SKYRL)
+    move_mapping(layer, f"{IE}engine_init_kwargs", f"{G}engine_init_kwargs", SKYRL, LIFTED_ENGINE_ARGUMENTS)
 
 
 RULES = (

@@ -389,3 +389,19 @@ def test_saved_config_holds_only_our_keys(tmp_path, caplog):
     assert load_config([], config_file=path) == cfg
     assert config_to_dict(load_config([], config_file=path)) == config_to_dict(cfg)
     assert os.path.getsize(path) > 0
+
+
+def test_the_peers_kv_cache_in_bytes_lands_on_our_key():
+    """SkyRL (its 2026 engine_init_kwargs) and NeMo RL (vllm_kwargs) pass vLLM's kv_cache_memory_bytes in their
+    free-form engine mappings; it is generator.kv_cache_memory_bytes here, and the rest of the mapping stays
+    engine_init_kwargs. In our own engine_init_kwargs (SkyRL's 2025 spelling) it is refused for the key."""
+    for given in ("generator.inference_engine.engine_init_kwargs={kv_cache_memory_bytes: 1048576, swap_space: 2}",
+                  "policy.generation.vllm_kwargs={kv_cache_memory_bytes: 1048576, swap_space: 2}"):
+        cfg = load_config(["generator.backend=vllm", given])
+        assert (cfg.generator.kv_cache_memory_bytes, cfg.generator.engine_init_kwargs) == (1048576, {"swap_space": 2})
+    key = "generator.engine_init_kwargs.kv_cache_memory_bytes"
+    assert refusals(["generator.backend=vllm", f"{key}=1048576"]) == {
+        key: f"{key}: is set by generator.kv_cache_memory_bytes: give that instead"}
+    key = "generator.kv_cache_memory_bytes"
+    assert refusals(["generator.backend=vllm", f"{key}=0"]) == {key: f"{key}: got 0; set it to null or a number of "
+                                                                     "bytes >= 1"}

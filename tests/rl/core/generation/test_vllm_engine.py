@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from rl.core.generation import SamplingParams, build_engine
 from rl.core.generation.shared_weights import device_key, shared
+from tests.testing.tiny_job import ENGINE_KV_BYTES
 from tests.testing.tolerances import assert_within, logprob_gap
 from tests.testing.vl_oracle import assert_sampled_as_the_model
 
@@ -31,8 +32,9 @@ def job(tmp_path_factory):
 def engine(job):
     # max_logprobs: an argument of vllm.LLM no key of ours sets (generator.engine_init_kwargs); block_size: the
     # smallest vLLM's CPU attention takes, so a prompt within the model's 128 positions fills whole cached blocks
-    return build_engine("vllm", str(job.model_path), str(job.model_path), device="cpu", gpu_memory_utilization=0.2,
-                        max_model_len=512, dtype="float32", engine_kwargs={"max_logprobs": 5, "block_size": 32})
+    return build_engine("vllm", str(job.model_path), str(job.model_path), device="cpu",
+                        kv_cache_memory_bytes=ENGINE_KV_BYTES, max_model_len=512, dtype="float32",
+                        engine_kwargs={"max_logprobs": 5, "block_size": 32})
 
 
 def test_engine_arguments_reach_vllm(engine):
@@ -187,8 +189,8 @@ def vl_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vl_engine(vl_model_dir):
-    return build_engine("vllm", str(vl_model_dir), str(vl_model_dir), device="cpu", gpu_memory_utilization=0.2,
-                        max_model_len=256, dtype="float32")
+    return build_engine("vllm", str(vl_model_dir), str(vl_model_dir), device="cpu",
+                        kv_cache_memory_bytes=ENGINE_KV_BYTES, max_model_len=256, dtype="float32")
 
 
 @pytest.fixture(scope="module")
