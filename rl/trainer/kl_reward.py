@@ -6,11 +6,12 @@ scored per token by the teacher's reverse KL."""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from rl.core.algorithms.advantages import last_token_rewards
 from rl.core.algorithms.kl_controller import kl_controller, kl_penalized_token_rewards
-from rl.trainer.experience import Experience
+from rl.trainer.experience import Experience, response_mask
 
 
 class KLInReward:
@@ -23,9 +24,12 @@ class KLInReward:
         sequences' old (sampling-time) and reference logprobs; then the controller's update from the batch's
         mean KL. Metrics: that KL and the beta applied."""
         mask = experience.responses("loss_mask").bool()
+        # a response with no loss token (cut at the length limit with overlong filtering) trains nothing, but its
+        # outcome still counts in its group's baseline: it sits on the response's last token
+        anchor = torch.where(mask.any(dim=1, keepdim=True), mask, response_mask(experience.response_lengths))
         beta = self.controller.value
         rewards, kl = kl_penalized_token_rewards(
-            last_token_rewards(experience.rewards.float(), mask), experience.responses("old_logprobs"),
+            last_token_rewards(experience.rewards.float(), anchor), experience.responses("old_logprobs"),
             experience.responses("ref_logprobs"), mask, beta, self.estimator)
         self.controller.update(kl, len(experience.sequences))
         return rewards, {"kl_in_reward": kl, "kl_in_reward_coef": beta}
