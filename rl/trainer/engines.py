@@ -19,6 +19,7 @@ import torch
 from rl.backends.cores import pin_to_assigned_cores
 from rl.backends.lifeline import exit_with_parent
 from rl.core.generation import GenerationEngine, Rollout, SamplingParams, build_engine
+from rl.trainer.faults import segment_delay
 from rl.trainer.waiting import wait_all
 
 GENERATE = "generate"  # the engine actor's concurrency group for generation, with partial rollouts
@@ -72,6 +73,7 @@ class EngineActor:
             with self.turn:
                 self.generating, self.segments_run = False, self.segments_run + 1
                 self.turn.notify_all()
+            segment_delay()  # between segments, where an update may land
 
     def segments_done(self) -> int:
         """How many segments this engine has generated (partial rollouts)."""

@@ -13,6 +13,7 @@ import os
 import pytest
 
 from rl.trainer import checkpoint
+from rl.trainer.faults import SEGMENT_DELAY
 from rl.trainer.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 
@@ -93,7 +94,8 @@ def _positions_after_each_batch(job, steps: int) -> list[tuple[int, int]]:
 
 def test_rollouts_never_lag_more_than_the_bound(job, tmp_path):
     """Bound 2 (bound 1 is the embedded default's run below), set with NeMo RL's keys (`grpo.async_grpo.*`); the
-    resumed run sets it with ours, with partial rollouts (segments of 4 tokens: the bound holds for every token).
+    resumed run sets it with ours, with partial rollouts (segments of 2 tokens, a weight push landing between them:
+    the bound holds for every token, and the responses split between two versions are counted).
     Also: a checkpoint saves the data position after the last trained batch, not after the queued ones, and a run
     resumed from one regenerates the queue from the restored weights."""
     bound = 2
@@ -105,17 +107,27 @@ def test_rollouts_never_lag_more_than_the_bound(job, tmp_path):
     root = os.path.join(run_dir, "checkpoints")
     saved = [checkpoint.read_trainer_state(checkpoint.step_dir(root, step)) for step in range(1, STEPS + 1)]
     assert [(state["epoch"], state["index"]) for state in saved] == _positions_after_each_batch(job, STEPS)
+    # segments of 2 tokens, 0.5 s apart (RL_SEGMENT_DELAY_S, in the engine actor): a batch's 6 segments take 3 s,
+    # longer than the training step beside them, so step 3's weight push lands mid-response in batch 4
     result = run_train(run_dir, [*job.overrides(steps=STEPS), "data.reward_fn=gsm8k_flexible",
                                  "trainer.algorithm.use_entropy_loss=true", *_asynchronous(bound),
-                                 "trainer.fully_async.partial_rollout_tokens=4",
-                                 f"trainer.resume_mode={checkpoint.step_dir(root, 2)}"])
+                                 "trainer.fully_async.partial_rollout_tokens=2",
+                                 f"trainer.resume_mode={checkpoint.step_dir(root, 2)}"],
+                       env_extra={SEGMENT_DELAY: "0.5"})
     assert result.returncode == 0, result.stderr[-5000:]
     resumed = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     assert [row["step"] for row in resumed] == list(range(1, STEPS + 1)), "each step once"
     assert resumed[:2] == rows[:2], "the steps before the checkpoint stay as they were"
-    assert [row["policy_lag"] for row in resumed[2:]] == [0, 1], "the queue starts again from step 3"
-    for row in resumed[2:]:  # every token within the bound; responses split between versions are counted
-        assert 0 <= row["token_lag_mean"] <= row["policy_lag"] and 0 <= row["partial_responses"] <= 1
+    third, fourth = resumed[2:]
+    assert [third["policy_lag"], fourth["policy_lag"]] == [0, 1], "the queue starts again from step 3"
+    # batch 3 is generated before anything is pushed: one version (2) throughout
+    assert (third["partial_responses"], third["token_lag_mean"]) == (0.0, 0.0), third
+    # batch 4 began under version 2 and went on under version 3: its split responses are those still sampling at
+    # the push, each token weighed against the version that sampled it (lag 1 before the push, 0 after)
+    responses = 4 * 4  # the tiny job's prompts x samples
+    split = fourth["partial_responses"] * responses
+    assert split == int(split) and 1 <= split <= responses, fourth
+    assert 0 < fourth["token_lag_mean"] < 1, fourth
 
 
 def test_embedded_default_learns_asynchronously(tmp_path):

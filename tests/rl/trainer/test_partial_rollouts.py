@@ -170,3 +170,8 @@ def test_segments_keep_budgets_seeds_and_stop_strings():
     assert (first.max_new_tokens, first.n, first.seed) == (2, 2, 11)
     assert [call.seed for call in rest] == [11 * SEED_STRIDE + k for k in range(1, len(rest) + 1)] and len(rest) == 2
     assert all(call.n == 1 and call.max_new_tokens == 2 for call in rest)
+    # three of the four responses span both versions ((0, 1) stopped in its first segment); of their 19 tokens 11
+    # came from version 1, so at step 2 (policy version 1) the mean lag is 1 - 11/19 = 8/19
+    metrics = partial_rollout_metrics(rollouts, step=2)
+    assert metrics["partial_responses"] == 3 / 4
+    assert metrics["token_lag_mean"] == pytest.approx(8 / 19, rel=1e-15)
