@@ -34,9 +34,9 @@ def test_the_example_agent_trains_through_the_endpoint(tmp_path):
                     "trainer.fully_async.max_staleness_steps=1"]
     # two mini-batches a step: the old logprobs get their own pass, so the gap between the tokens the engine
     # sampled (as the endpoint recorded them) and what the trainer scores is measured every step
-    result = run_train(run_dir, [*AGENT, *asynchronous, f"trainer.max_steps={STEPS}", "trainer.policy_mini_batch_size=8",
-                                 f"trainer.eval_interval={STEPS}", "trainer.eval_before_train=false",
-                                 "trainer.ckpt_interval=0"])
+    result = run_train(run_dir, [*AGENT, *asynchronous, f"trainer.max_steps={STEPS}",
+                                 "trainer.policy_mini_batch_size=8", f"trainer.eval_interval={STEPS}",
+                                 "trainer.eval_before_train=false", "trainer.ckpt_interval=0"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "agent endpoint: http://127.0.0.1:" in result.stdout
     assert "HTTP Request:" not in result.stdout + result.stderr, "the HTTP clients log every agent call"

@@ -1,13 +1,16 @@
 """`rl.launch.dpo` end to end on the embedded preference set (fsdp): from the warmed-up careless model, the training
 preference accuracy and the validation preference accuracy, margin and greedy accuracy rise within four steps; the
 chosen responses' reward ends above the rejected ones'; a run resumed from the step-2 checkpoint logs
-the uninterrupted run's metrics; the export loads in transformers; the run directory's config.yaml holds the
-`dpo:` block. Bad input: tests/rl/trainer/test_supervised_preflight.py."""
+the uninterrupted run's metrics; the export, loaded by transformers, holds the step-4 checkpoint's weights to
+the bit; the run directory's config.yaml holds the `dpo:` block. Bad input:
+tests/rl/trainer/test_supervised_preflight.py."""
 
 import math
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from transformers import AutoModelForCausalLM
 
 import rl.backends.registry  # noqa: F401  (the strategies the config names)
@@ -61,9 +64,24 @@ def test_resumed_run_logs_the_uninterrupted_metrics(first_run, tmp_path):
                 assert got[step][key] == want[step][key], (step, key)
 
 
-def test_export_loads_in_transformers(first_run):
-    model = AutoModelForCausalLM.from_pretrained(str(first_run[0] / "exports" / "global_step_4"))
-    assert all(torch.isfinite(p).all() for p in model.parameters())
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # the checkpoint is read in this one process
+def test_export_holds_the_weights_the_trainer_checkpointed(first_run):
+    """The step-4 export as transformers loads it holds, tensor by tensor and to the bit (both are copies of the same
+    float32 weights), what the trainer saved in its step-4 checkpoint (the state a resumed run continues from: see
+    the resumed run above), read here with torch.distributed.checkpoint; and training moved every tensor from the
+    starting model."""
+    run_dir = first_run[0]
+    exported = AutoModelForCausalLM.from_pretrained(str(run_dir / "exports" / "global_step_4")).state_dict()
+    start = AutoModelForCausalLM.from_pretrained(str(run_dir / "embedded" / "model")).state_dict()
+    path = str(run_dir / "checkpoints" / "global_step_4")
+    listed = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    held = {key.removeprefix("model."): torch.empty(entry.size, dtype=entry.properties.dtype)
+            for key, entry in listed.items() if key.startswith("model.") and isinstance(entry, TensorStorageMetadata)}
+    dcp.load({"model": held}, checkpoint_id=path, no_dist=True)
+    assert held.keys() == exported.keys()
+    for name, weight in held.items():
+        assert exported[name].dtype == weight.dtype and torch.equal(exported[name], weight), name
+        assert not torch.equal(weight, start[name]), f"{name} is the starting model's"
 
 
 

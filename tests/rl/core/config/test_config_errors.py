@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+import yaml
 
 import rl.backends.registry  # noqa: F401  (registers the training strategies the config names)
 from rl.core.config import ConfigError, load_config, ref_world_size
@@ -131,7 +132,22 @@ def test_wrong_types_in_a_file_are_named(tmp_path):
     ],
 )
 def test_valid_layouts_are_accepted(overrides):
-    load_config(overrides)
+    """Accepted as given: the load raises nothing, and every key reads back the value its override wrote (the
+    override's text read by PyYAML), none dropped or reset to a default on the way."""
+    cfg = load_config(overrides)
+    for override in overrides:
+        key, text = override.split("=", 1)
+        assert _loaded_value(cfg, key) == yaml.safe_load(text), override
+
+
+def _loaded_value(cfg, key: str):
+    """A dotted key's value in the loaded config: under a strategy's block (`cfg.blocks`, by its dotted key) or the
+    schema's sections."""
+    block = max((name for name in cfg.blocks if key.startswith(name + ".")), key=len, default=None)
+    node, rest = (cfg.blocks[block], key[len(block) + 1:]) if block else (cfg, key)
+    for part in rest.split("."):
+        node = node[part] if isinstance(node, dict) else getattr(node, part)
+    return node
 
 
 def test_resume_from_an_existing_directory_is_accepted(tmp_path):

@@ -4,6 +4,8 @@ by name, SkyRL's own spellings of values on keys we share."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 
@@ -104,11 +106,97 @@ def test_skyrl_multi_turn_turn_budget_follows_generator_max_turns(caplog, tmp_pa
 
 
 def test_every_skyrl_key_that_is_not_ours_loads_at_skyrls_default(caplog):
+    """Each key is one of ours (SkyRL's spelling kept), or printed as read as ours or as accepted with no effect
+    (none dropped unsaid); and the config is our defaults but for the keys read as ours, which hold SkyRL's
+    defaults in our spelling."""
     overrides = [
         f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
         for key, value in SKYRL_DEFAULTS.items()
     ]
-    load_logged(caplog, overrides)
+    cfg = load_logged(caplog, overrides)
+    named, ours = _printed_keys(config_lines(caplog)), _flat_config(load_config([]))
+
+    def said(key, value) -> bool:  # a mapping sets each of its keys (an empty one none)
+        return key in named or key in ours or (
+            isinstance(value, dict) and all(said(f"{key}.{name}", inner) for name, inner in value.items()))
+
+    unsaid = [key for key, value in SKYRL_DEFAULTS.items() if not said(key, value)]
+    assert not unsaid, f"loaded without a word: {unsaid}"
+    skyrl, policy, critic = SKYRL_DEFAULTS, "trainer.policy.optimizer_config.", "trainer.critic.optimizer_config."
+    engine, sampling = "generator.inference_engine.", "generator.sampling_params."
+    same_meaning = {  # our key: SkyRL's key, whose default it takes as it is
+        policy + "betas": policy + "adam_betas",
+        critic + "betas": critic + "adam_betas",
+        policy + "lr_warmup_steps": policy + "num_warmup_steps",
+        critic + "lr_warmup_steps": critic + "num_warmup_steps",
+        "trainer.max_steps": "trainer.max_training_steps",
+        "trainer.use_sample_packing": "trainer.remove_microbatch_padding",
+        "generator.max_prompt_length": "trainer.max_prompt_length",
+        "generator.num_inference_engines": engine + "num_engines",
+        "generator.backend": engine + "backend",
+        "generator.inference_engine_tensor_parallel_size": engine + "tensor_parallel_size",
+        "generator.enable_prefix_caching": engine + "enable_prefix_caching",
+        "generator.max_num_batched_tokens": engine + "max_num_batched_tokens",
+        "generator.gpu_memory_utilization": engine + "gpu_memory_utilization",
+        "generator.max_num_seqs": engine + "max_num_seqs",
+        "generator.max_generate_length": sampling + "max_generate_length",
+        "generator.temperature": sampling + "temperature",
+        "generator.top_p": sampling + "top_p",
+        "generator.top_k": sampling + "top_k",
+        "generator.stop": sampling + "stop",
+        "generator.eval_temperature": "generator.eval_sampling_params.temperature",
+        "environment.max_env_workers": "environment.skyrl_gym.max_env_workers",
+    }
+    translated = {
+        policy + "scheduler": "constant",  # constant_with_warmup
+        critic + "scheduler": "constant",
+        "generator.weight_sync_backend": None,  # nccl beside colocated engines: picked by the placement here
+        "generator.weight_sync_bucket_mb": 1024 * skyrl[engine + "weight_transfer_threshold_cuda_ipc_GB"],  # GiB
+        "trainer.max_tokens_per_micro_batch": None,  # -1: no limit
+        "trainer.policy.megatron_config.optimizer_cpu_offload":
+            skyrl["trainer.policy.megatron_config.optimizer_config_kwargs"]["optimizer_cpu_offload"],
+    }
+    want = {**ours, **{key: skyrl[theirs] for key, theirs in same_meaning.items()}, **translated}
+    loaded = _flat_config(cfg)
+    assert loaded.keys() == ours.keys()
+    mismatched = {key: (value, want[key]) for key, value in loaded.items() if value != want[key]}
+    assert not mismatched, f"(loaded, SkyRL's default): {mismatched}"
+
+
+def _printed_keys(lines: list[str]) -> set[str]:
+    """The keys the loader's lines name as read as ours (`theirs[=value] -> ours`) or as accepted with no effect
+    (`key, key (why); key (why)`, the reasons in parentheses)."""
+    keys: set[str] = set()
+    for line in lines:
+        if " keys read as ours: " in line:
+            pairs = line.split(" keys read as ours: ", 1)[1].split(", ")
+            keys.update(pair.split(" -> ")[0].split("=")[0] for pair in pairs if " -> " in pair)
+        elif " keys accepted with no effect here: " in line:
+            listed, depth = "", 0
+            for char in line.split(" keys accepted with no effect here: ", 1)[1]:
+                depth += (char == "(") - (char == ")")
+                listed += char if depth == 0 and char != ")" else ""
+            keys.update(key.strip() for key in listed.replace(";", ",").split(",") if key.strip())
+    return keys
+
+
+def _flat_config(cfg) -> dict:
+    """Every leaf of a loaded config by its dotted key (a strategy's block under its own key)."""
+    tree = dataclasses.asdict(cfg)
+    flat = _flat({name: value for name, value in tree.items() if name != "blocks"})
+    for key, block in tree["blocks"].items():
+        flat.update(_flat(block, key + "."))
+    return flat
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for name, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flat(value, f"{prefix}{name}."))
+        else:
+            flat[prefix + name] = value
+    return flat
 
 
 def test_skyrl_value_spellings(tmp_path, caplog):
