@@ -5,7 +5,8 @@ The reward is that of the `arith_retry` environment: 1 for a right first answer,
     ./bazelw run //rl/launch:train -- environment.agent_fn=examples/agents/arith_agent.py:run \\
         generator.enable_http_endpoint=true generator.max_turns=2
 
-Nothing here knows about the trainer: the same function works against any OpenAI-compatible server.
+Nothing here knows about the trainer: the same function works against any OpenAI-compatible server, given its
+address and key.
 """
 
 from openai import AsyncOpenAI
@@ -16,8 +17,8 @@ ATTEMPTS = 2
 RETRY_REWARD = 0.5
 
 
-async def run(base_url: str, row: dict) -> dict:
-    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300.0)
+async def run(base_url: str, row: dict, api_key: str) -> dict:
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=300.0)
     try:
         model = (await client.models.list()).data[0].id
         messages = list(row["prompt"])

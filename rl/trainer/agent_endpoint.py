@@ -3,8 +3,14 @@
 A FastAPI app served by uvicorn on a thread of the driver. Each episode has a base URL of its own,
 `http://host:port/episodes/<id>/v1`, under which `/chat/completions`, `/completions` and `/models` answer as the
 OpenAI API does (one choice per request; `stream=true` gets the reply as server-sent events once it is
-generated), so agent code written against the `openai` client needs only `base_url`. Every call is recorded token
-for token in its episode (`agent_records`).
+generated), so agent code written against the `openai` client needs only `base_url` and the run's key. Every call
+is recorded token for token in its episode (`agent_records`).
+
+Only the run's agents are answered: every request must carry the run's key (`Authorization: Bearer <key>`, the
+`openai` client's `api_key`; a fresh random key per run, or the one in generator.http_endpoint_api_key_file), else
+401. A request body is at most `MAX_REQUEST_BYTES` (413), an episode makes at most generator.max_turns calls (429),
+connections beyond `max_connections` are answered 503, and a malformed request (a field of the wrong type, token ids
+outside the vocabulary) is a 400 naming the field: nothing a client sends ends the run.
 
 The calls of all episodes are gathered into batches (`CallBatcher`): one engine call serves every request waiting
 at that moment, flushed as soon as every open episode has one waiting, or after a short linger. The sampling
@@ -17,7 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import json
+import secrets
 import socket
 import threading
 import time
@@ -32,6 +40,18 @@ from rl.core.generation.engine import SamplingParams
 from rl.trainer.agent_records import RecordedCall, chat_prompt, completion_prompt, message_pairs
 
 LINGER_S = 0.05
+MAX_REQUEST_BYTES = 4 << 20
+"""The largest request body read (a conversation of ~1M characters), beyond any context a model here takes."""
+NUMBER = (int, float)
+FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "model": ((str,), "a string"), "n": ((int,), "an integer"), "max_tokens": ((int,), "an integer"),
+    "max_completion_tokens": ((int,), "an integer"), "stream": ((bool,), "true or false"),
+    "stream_options": ((dict,), "an object"), "temperature": (NUMBER, "a number"), "top_p": (NUMBER, "a number"),
+    "presence_penalty": (NUMBER, "a number"), "frequency_penalty": (NUMBER, "a number"),
+    "seed": ((int,), "an integer"), "user": ((str,), "a string"), "top_logprobs": ((int,), "an integer"),
+    "stop": ((str, list), "a string or a list of strings"),
+}
+"""The OpenAI request fields a request may set (null: unset), and their JSON types; others are ignored."""
 
 
 class EndpointError(Exception):
@@ -51,6 +71,7 @@ class _Episode:
     params: SamplingParams  # its sampling settings (n=1)
     calls: list[RecordedCall] = dataclasses.field(default_factory=list)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    started: int = 0  # calls accepted, finished or not
 
 
 Waiting = tuple[list[int], SamplingParams, Any, Future]
@@ -125,9 +146,13 @@ class AgentEndpoint:
     of the engines' weights, recorded with each call."""
 
     def __init__(self, tokenizer, model_name: str, host: str, port: int, max_context_tokens: int,
-                 max_new_tokens: int):
+                 max_new_tokens: int, api_key: str | None = None, max_episode_calls: int | None = None,
+                 max_connections: int = 256):
         self.tokenizer, self.model_name, self.host = tokenizer, model_name, host
         self.max_context_tokens, self.max_new_tokens = max_context_tokens, max_new_tokens
+        self.api_key = api_key or secrets.token_urlsafe(32)
+        self.max_episode_calls, self.max_connections = max_episode_calls, max_connections
+        self.vocab_size = len(tokenizer)
         self.names = {model_name, model_name.rstrip("/").rsplit("/", 1)[-1]}
         self.episodes: dict[str, _Episode] = {}
         self.lock = threading.Lock()
@@ -140,8 +165,21 @@ class AgentEndpoint:
 
     @property
     def url(self) -> str:
+        """Where this machine's agents reach the endpoint (loopback when it listens on every interface)."""
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}"
+        return f"http://{_url_host(host)}:{self.port}"
+
+    @property
+    def bound(self) -> str:
+        """The address the socket is bound to, as a URL (what the run prints)."""
+        return f"http://{_url_host(self.sock.getsockname()[0])}:{self.port}"
+
+    def check_key(self, authorization: str | None) -> None:
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.api_key.encode()):
+            raise EndpointError(401, "this endpoint answers only its run's agents: send the run's key as "
+                                "`Authorization: Bearer <key>` (the openai client's api_key; the agent function "
+                                "is given it)", code="invalid_api_key")
 
     def _serve(self) -> None:
         import uvicorn
@@ -149,7 +187,7 @@ class AgentEndpoint:
         # keep-alive far past any wait between an agent's calls: a connection the server closes while the client
         # reuses it fails that request; log_config=None leaves the process's logging as it is
         config = uvicorn.Config(build_app(self), log_level="warning", access_log=False, lifespan="off",
-                                timeout_keep_alive=3600, log_config=None)
+                                timeout_keep_alive=3600, log_config=None, limit_concurrency=self.max_connections)
         self.server = uvicorn.Server(config)
         started = threading.Event()
 
@@ -189,6 +227,32 @@ class AgentEndpoint:
                                 "agent runs", code="not_found_error")
         return episode
 
+    @staticmethod
+    def check_fields(body: dict) -> None:
+        for name, (types, what) in FIELD_TYPES.items():
+            value = body.get(name)
+            if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+                raise EndpointError(400, f"{name} must be {what}, got {json.dumps(value)[:80]}", name)
+        stop = body.get("stop")
+        if isinstance(stop, list) and not all(isinstance(item, str) for item in stop):
+            raise EndpointError(400, "stop must be a string or a list of strings", "stop")
+
+    @staticmethod
+    def check_logprobs(body: dict, chat: bool) -> None:
+        """`logprobs`: true or false for chat, a number of alternatives (an integer) for text completions."""
+        value = body.get("logprobs")
+        if value is not None and (isinstance(value, bool) != chat or not isinstance(value, int)):
+            raise EndpointError(400, f"logprobs must be {'true or false' if chat else 'an integer'}, got "
+                                f"{json.dumps(value)[:80]}", "logprobs")
+
+    def check_prompt_ids(self, prompt: Any) -> None:
+        """A completion prompt given as token ids: each an id of the model's vocabulary."""
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            wrong = [t for t in prompt if isinstance(t, bool) or not 0 <= t < self.vocab_size]
+            if wrong:
+                raise EndpointError(400, f"prompt holds token ids outside the model's vocabulary of "
+                                    f"{self.vocab_size}: {wrong[:5]}", "prompt")
+
     def check_model(self, body: dict) -> None:
         model = body.get("model")
         if model is not None and model not in self.names:
@@ -215,9 +279,18 @@ class AgentEndpoint:
     async def complete(self, episode_id: str, body: dict, chat: bool) -> tuple[RecordedCall, SamplingParams]:
         """Builds the call's prompt from the episode's tokens, runs it, and records it."""
         episode = self.episode(episode_id)
+        self.check_fields(body)
+        self.check_logprobs(body, chat)
         self.check_model(body)
+        if not chat:
+            self.check_prompt_ids(body.get("prompt"))
         params = self.sampling(episode, body)
         with episode.lock:
+            if self.max_episode_calls is not None and episode.started >= self.max_episode_calls:
+                raise EndpointError(429, f"this episode has made its {self.max_episode_calls} calls "
+                                    "(generator.max_turns): end the episode, or raise generator.max_turns",
+                                    code="rate_limit_exceeded")
+            episode.started += 1
             previous = episode.calls[-1] if episode.calls else None
             try:
                 call = (chat_prompt(self.tokenizer, message_pairs(body.get("messages")), previous) if chat
@@ -259,6 +332,10 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.listen(128)
     sock.setblocking(False)
     return sock
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def _usage(call: RecordedCall) -> dict:
@@ -311,9 +388,27 @@ def build_app(endpoint: AgentEndpoint) -> FastAPI:
     async def refused(request: Request, error: EndpointError):
         return JSONResponse(error.body(), status_code=error.status)
 
-    async def body_of(request: Request) -> dict:
+    @app.middleware("http")
+    async def authorized(request: Request, call_next):
         try:
-            body = await request.json()
+            endpoint.check_key(request.headers.get("authorization"))
+        except EndpointError as error:
+            return JSONResponse(error.body(), status_code=error.status)
+        return await call_next(request)
+
+    async def body_of(request: Request) -> dict:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
+            raise EndpointError(413, f"the request body has {int(declared)} bytes, more than the {MAX_REQUEST_BYTES} "
+                                "this endpoint reads", code="request_too_large")
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_REQUEST_BYTES:
+                raise EndpointError(413, f"the request body is over the {MAX_REQUEST_BYTES} bytes this endpoint "
+                                    "reads", code="request_too_large")
+        try:
+            body = json.loads(raw)
         except ValueError:
             raise EndpointError(400, "the request body is not JSON") from None
         if not isinstance(body, dict):

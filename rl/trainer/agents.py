@@ -1,10 +1,10 @@
-"""Agents as user code (`environment.agent_fn`): an `async def run(base_url, row)` plays each episode against the
-policy through the OpenAI-compatible endpoint (`agent_endpoint`) and returns its reward; the calls it made become
-the episode's trajectories (`agent_records`), which train as multi-turn episodes do (the loss on sampled tokens
-only).
+"""Agents as user code (`environment.agent_fn`): an `async def run(base_url, row, api_key)` plays each episode
+against the policy through the OpenAI-compatible endpoint (`agent_endpoint`, which answers only requests with the
+run's `api_key`) and returns its reward; the calls it made become the episode's trajectories (`agent_records`),
+which train as multi-turn episodes do (the loss on sampled tokens only).
 
 Held to the standard of reward functions and environments: the function is checked before anything starts (it
-imports, is async, takes two arguments), the episodes of a batch run side by side as coroutines of one event loop
+imports, is async, takes three arguments), the episodes of a batch run side by side as coroutines of one event loop
 (so each turn's calls reach the engine together), each within environment.agent_timeout_s, and an agent that
 raises, hangs, returns no number or a non-finite one is named with its row; data.reward_on_error says whether that
 ends the run (`fail`) or scores the episode 0 (`zero`).
@@ -29,33 +29,54 @@ from rl.trainer.episodes import trajectory_means
 from rl.trainer.rewarding import SHOWN_ERRORS, describe_row
 
 KEY = "environment.agent_fn"
-SIGNATURE = "async def run(base_url: str, row: dict) -> float | dict"
+SIGNATURE = "async def run(base_url: str, row: dict, api_key: str) -> float | dict"
 
 
 def load_agent(reference: str) -> Callable:
-    """The agent function `reference` names, checked: async, callable with (base_url, row). Errors name the key."""
+    """The agent function `reference` names, checked: async, callable with (base_url, row, api_key). Errors name
+    the key."""
     agent = load_object(reference, KEY)
     if not inspect.iscoroutinefunction(agent):
         kind = "a class" if inspect.isclass(agent) else f"{type(agent).__name__} {getattr(agent, '__name__', '')}"
         raise ValueError(f"{KEY}: '{reference}' is {kind.strip()}, not an async function; define it as "
                          f"`{SIGNATURE}`")
     try:
-        inspect.signature(agent).bind("http://base/v1", {})
+        inspect.signature(agent).bind("http://base/v1", {}, "key")
     except TypeError as error:
-        raise ValueError(f"{KEY}: '{reference}' cannot be called as run(base_url, row): {error}; define it as "
-                         f"`{SIGNATURE}`") from None
+        raise ValueError(f"{KEY}: '{reference}' cannot be called as run(base_url, row, api_key): {error}; define "
+                         f"it as `{SIGNATURE}` (the endpoint answers only requests with the run's key, the openai "
+                         "client's api_key)") from None
     return agent
 
 
+def read_api_key(path: str | None) -> str | None:
+    """The endpoint's key from generator.http_endpoint_api_key_file (its first line), None without one."""
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        key = f.readline().strip()
+    if not key:
+        raise ValueError(f"generator.http_endpoint_api_key_file: {path} holds no key on its first line")
+    return key
+
+
 def agent_problems(cfg) -> list[str]:
-    """Preflight: the agent function loads and has the right shape."""
+    """Preflight: the agent function loads and has the right shape; a key file holds a key."""
     if cfg.environment.agent_fn is None:
         return []
+    problems = []
     try:
         load_agent(cfg.environment.agent_fn)
     except ValueError as error:
-        return [str(error)]
-    return []
+        problems.append(str(error))
+    try:
+        read_api_key(cfg.generator.http_endpoint_api_key_file)
+    except OSError as error:
+        problems.append(f"generator.http_endpoint_api_key_file: cannot read {error.filename} "
+                        f"({error.strerror}); give a readable file whose first line is the key")
+    except ValueError as error:
+        problems.append(str(error))
+    return problems
 
 
 def row_of(record: PromptRecord) -> dict[str, Any]:
@@ -104,11 +125,19 @@ class AgentEpisodes:
 
         env, gen = cfg.environment, cfg.generator
         agent = load_agent(env.agent_fn)
+        # every episode of a batch at once, two batches at a time (the rollout queue's and the driver's), and a
+        # client may hold a second connection while it reuses the first
+        episodes = cfg.trainer.train_batch_size * max(gen.n_samples_per_prompt, gen.eval_n_samples_per_prompt)
         endpoint = AgentEndpoint(tokenizer, cfg.trainer.policy.model.path, gen.http_endpoint_host,
-                                 gen.http_endpoint_port, context_limit(cfg, model_path), gen.max_generate_length)
+                                 gen.http_endpoint_port, context_limit(cfg, model_path), gen.max_generate_length,
+                                 api_key=read_api_key(gen.http_endpoint_api_key_file),
+                                 max_episode_calls=gen.max_turns, max_connections=4 * episodes + 16)
         for name in ("httpx", "httpx2", "openai"):  # one line per request otherwise (httpx2: the openai client's)
             logging.getLogger(name).setLevel(logging.WARNING)
-        print(f"agent endpoint: {endpoint.url}/v1 (episodes at {endpoint.url}/episodes/<id>/v1)", flush=True)
+        source = (f"the key in {gen.http_endpoint_api_key_file}" if gen.http_endpoint_api_key_file
+                  else "this run's own key, given to the agent function")
+        print(f"agent endpoint: {endpoint.bound}/v1 (episodes at {endpoint.bound}/episodes/<id>/v1; answers "
+              f"only requests with {source})", flush=True)
         return cls(agent, endpoint, env.agent_fn, cfg.data.reward_on_error, env.agent_timeout_s)
 
     def weights_updated(self, version: int) -> None:
@@ -176,7 +205,8 @@ class AgentEpisodes:
         """(reward, extra numbers, "") or (0, {}, what went wrong)."""
         try:
             with exits_as_errors():
-                value = await asyncio.wait_for(self.agent(base_url, row_of(record)), self.timeout_s)
+                value = await asyncio.wait_for(self.agent(base_url, row_of(record), self.endpoint.api_key),
+                                               self.timeout_s)
             reward, extra = episode_reward(value)
             return reward, extra, ""
         except UserExit as error:  # trying to end the process ends the run, whatever data.reward_on_error says

@@ -264,6 +264,22 @@ def check_agent(cfg: Config, problems: Problems) -> None:
     if env.env_class is not None:
         problems.add("environment.agent_fn", f"and environment.env_class ({env.env_class}) both play the episodes; "
                      "set one of them to null")
+    if not is_loopback(generator.http_endpoint_host) and generator.http_endpoint_api_key_file is None:
+        problems.add("generator.http_endpoint_host", f"is {generator.http_endpoint_host}, which other machines can "
+                     "reach: give generator.http_endpoint_api_key_file (a file whose first line is the key the "
+                     "agents send), or listen on 127.0.0.1")
+
+
+def is_loopback(host: str) -> bool:
+    """An address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check_reward_models(cfg: Config, problems: Problems) -> None:

@@ -346,7 +346,8 @@ class GeneratorConfig:
     """Sampling temperature for evaluation, >= 0; 0 means greedy decoding."""
 
     max_turns: int
-    """Multi-turn (environment.env_class set): most policy turns per episode, >= 1."""
+    """Multi-turn (environment.env_class set): most policy turns per episode, >= 1. With an agent
+    (environment.agent_fn): most endpoint calls per episode (a call past it is answered 429)."""
 
     max_input_length: int | None
     """Multi-turn: most tokens of an episode's context (prompt, turns, observations); null means max_prompt_length +
@@ -363,7 +364,13 @@ class GeneratorConfig:
     as the episode's trajectories. Needs environment.agent_fn."""
 
     http_endpoint_host: str
-    """Address the endpoint listens on (SkyRL's key); 127.0.0.1 keeps it on this machine."""
+    """Address the endpoint listens on (SkyRL's key); 127.0.0.1 keeps it on this machine. Any other address serves
+    other machines too and needs http_endpoint_api_key_file."""
+
+    http_endpoint_api_key_file: str | None
+    """A file whose first line is the key the endpoint accepts (`Authorization: Bearer <key>`), for agents that read
+    it from there (on other machines too); null: a fresh random key per run, handed to the agent function. Requests
+    without the key get 401."""
 
     http_endpoint_port: int
     """Port the endpoint listens on (SkyRL's key), 0 to 65535; 0 picks a free one (printed at the start)."""
@@ -476,11 +483,11 @@ class EnvironmentConfig:
 
     agent_fn: str | None
     """Agent code that plays each episode through the endpoint (generator.enable_http_endpoint=true): your own
-    `path/to/file.py:run` or `package.module:run`, an `async def run(base_url, row)` that talks to the policy with
-    any OpenAI client at `base_url` and returns the episode's reward (a number, or a dict with `reward` and further
-    numbers, logged as agent/<name>). `row` is the data row as a dict (`prompt`, `answer`, `data_source`, `index`
-    and its other columns). Its return value replaces data.reward_fn. Checked (import, async, signature) before
-    anything starts. null: no agent."""
+    `path/to/file.py:run` or `package.module:run`, an `async def run(base_url, row, api_key)` that talks to the
+    policy with any OpenAI client at `base_url`, sending `api_key` (the endpoint answers nothing else), and returns
+    the episode's reward (a number, or a dict with `reward` and further numbers, logged as agent/<name>). `row` is
+    the data row as a dict (`prompt`, `answer`, `data_source`, `index` and its other columns). Its return value
+    replaces data.reward_fn. Checked (import, async, signature) before anything starts. null: no agent."""
 
     agent_timeout_s: float | None
     """Seconds one agent episode may take; past it the episode counts as failed (handled as data.reward_on_error

@@ -8,6 +8,7 @@ import asyncio
 import math
 import re
 import socket
+import time
 
 import httpx
 import openai
@@ -66,6 +67,10 @@ def agents(endpoint, reference=AGENT, **options) -> AgentEpisodes:
     return AgentEpisodes(load_agent(reference), endpoint, reference, **options)
 
 
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
 def encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -107,8 +112,8 @@ def test_the_example_agent_trains_on_exactly_the_sampled_tokens(tokenizer, endpo
     assert [len(prompts) for prompts, _, _ in engine.calls] == [4, 4]
 
 
-async def rewriting_agent(base_url: str, row: dict) -> float:
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+async def rewriting_agent(base_url: str, row: dict, api_key: str) -> float:
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     question = row["prompt"][0]["content"]
     first = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": question}])
     # a history the first reply does not continue: a new trajectory of the same episode
@@ -139,7 +144,7 @@ def test_bad_requests_get_openai_errors(tokenizer):
     endpoint = AgentEndpoint(tokenizer, "/models/tiny", "127.0.0.1", 0, max_context_tokens=64, max_new_tokens=12)
     threading.Thread(target=endpoint.batcher.serve_forever, daemon=True).start()  # no AgentEpisodes.run here
     episode_id, base_url = endpoint.open_episode(ScriptedEngine(tokenizer), SamplingParams(max_new_tokens=12))
-    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    client = openai.OpenAI(base_url=base_url, api_key=endpoint.api_key, max_retries=0)
     try:
         with pytest.raises(openai.NotFoundError, match="the model 'gpt-4' does not exist; this endpoint serves "
                                                        "'/models/tiny'"):
@@ -150,15 +155,18 @@ def test_bad_requests_get_openai_errors(tokenizer):
             client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": long}])
         assert [m.id for m in client.models.list().data] == ["/models/tiny"]
         # plain HTTP, a completion given as text, then continued
-        reply = httpx.post(f"{base_url}/completions", json={"model": "tiny", "prompt": "What is 2 + 2?"}).json()
+        reply = httpx.post(f"{base_url}/completions", json={"model": "tiny", "prompt": "What is 2 + 2?"},
+                           headers=bearer(endpoint.api_key)).json()
         assert reply["choices"][0]["text"] == "#### 0" and reply["object"] == "text_completion"
-        httpx.post(f"{base_url}/completions", json={"prompt": "What is 2 + 2?#### 0<|end|>What is 2 + 2?"})
+        httpx.post(f"{base_url}/completions", json={"prompt": "What is 2 + 2?#### 0<|end|>What is 2 + 2?"},
+                   headers=bearer(endpoint.api_key))
     finally:
         client.close()
     calls = endpoint.close_episode(episode_id)
     assert len(calls) == 2 and calls[1].extends
     assert calls[1].prompt_ids == calls[0].prompt_ids + calls[0].response_ids + encode(tokenizer, "What is 2 + 2?")
-    gone = httpx.post(f"{base_url}/chat/completions", json={"messages": [{"role": "user", "content": "1"}]})
+    gone = httpx.post(f"{base_url}/chat/completions", json={"messages": [{"role": "user", "content": "1"}]},
+                      headers=bearer(endpoint.api_key))
     assert gone.status_code == 404 and "no open episode" in gone.json()["error"]["message"]
     endpoint.close()
 
@@ -171,7 +179,7 @@ def test_streamed_replies_are_the_recorded_calls(tokenizer):
     endpoint = AgentEndpoint(tokenizer, "/models/tiny", "127.0.0.1", 0, max_context_tokens=64, max_new_tokens=12)
     threading.Thread(target=endpoint.batcher.serve_forever, daemon=True).start()
     episode_id, base_url = endpoint.open_episode(ScriptedEngine(tokenizer), SamplingParams(max_new_tokens=12))
-    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    client = openai.OpenAI(base_url=base_url, api_key=endpoint.api_key, max_retries=0)
     try:
         chunks = list(client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "What is 2 + 3?"}], stream=True,
@@ -204,7 +212,7 @@ def test_episodes_of_two_batches_reach_their_own_engines(tokenizer):
     opened = [endpoint.open_episode(engine, SamplingParams(max_new_tokens=12 - k)) for k, engine in enumerate(engines)]
 
     def ask(base_url: str, left: int) -> str:
-        reply = httpx.post(f"{base_url}/chat/completions",
+        reply = httpx.post(f"{base_url}/chat/completions", headers=bearer(endpoint.api_key),
                            json={"messages": [{"role": "user", "content": f"What is {left} + 1?"}]}, timeout=30)
         return reply.json()["choices"][0]["message"]["content"]
 
@@ -236,13 +244,14 @@ def test_a_port_in_use_is_named(tokenizer):
 def test_bad_agent_files_are_refused(tmp_path):
     (tmp_path / "broken.py").write_text("import no_such_module_here\n")
     (tmp_path / "agents.py").write_text("def run(base_url, row):\n    return 1.0\n\n"
-                                        "async def one(base_url):\n    return 1.0\n")
+                                        "async def two(base_url, row):\n    return 1.0\n")
     with pytest.raises(ValueError, match=r"environment.agent_fn: importing .*broken.py failed: .*no_such_module"):
         load_agent(f"{tmp_path}/broken.py:run")
     with pytest.raises(ValueError, match="is function run, not an async function; define it as `async def run"):
         load_agent(f"{tmp_path}/agents.py:run")
-    with pytest.raises(ValueError, match=r"cannot be called as run\(base_url, row\)"):
-        load_agent(f"{tmp_path}/agents.py:one")
+    with pytest.raises(ValueError, match=r"cannot be called as run\(base_url, row, api_key\): .* \(the endpoint "
+                                         r"answers only requests with the run's key"):
+        load_agent(f"{tmp_path}/agents.py:two")
 
 
 @pytest.mark.parametrize("returned,message", [
@@ -253,8 +262,8 @@ def test_bad_agent_files_are_refused(tmp_path):
 def test_bad_agent_results_are_named_with_the_row(tokenizer, endpoint, monkeypatch, returned, message):
     import rl.trainer.agents as agents_module
 
-    async def agent(base_url, row):
-        async with httpx.AsyncClient() as client:
+    async def agent(base_url, row, api_key):
+        async with httpx.AsyncClient(headers=bearer(api_key)) as client:
             await client.post(f"{base_url}/chat/completions", json={"messages": row["prompt"]})
         return returned
 
@@ -268,8 +277,8 @@ def test_bad_agent_results_are_named_with_the_row(tokenizer, endpoint, monkeypat
 def test_a_hanging_agent_is_scored_zero_with_reward_on_error_zero(tokenizer, endpoint, monkeypatch, capsys):
     import rl.trainer.agents as agents_module
 
-    async def agent(base_url, row):
-        async with httpx.AsyncClient() as client:
+    async def agent(base_url, row, api_key):
+        async with httpx.AsyncClient(headers=bearer(api_key)) as client:
             await client.post(f"{base_url}/chat/completions", json={"messages": row["prompt"]})
         if row["index"] == 1:
             await asyncio.sleep(60)
@@ -284,8 +293,8 @@ def test_a_hanging_agent_is_scored_zero_with_reward_on_error_zero(tokenizer, end
     assert episodes.rewards(trajectories)[1]["reward_errors"] == 1.0
 
 
-async def two_turn_agent(base_url: str, row: dict) -> float:
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=120.0)
+async def two_turn_agent(base_url: str, row: dict, api_key: str) -> float:
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120.0)
     messages = list(row["prompt"])
     first = await client.chat.completions.create(model="tiny", messages=messages)
     messages += [{"role": "assistant", "content": first.choices[0].message.content},
@@ -336,3 +345,105 @@ def test_an_engine_failure_ends_the_run_as_itself(tokenizer, endpoint):
 
     with pytest.raises(RuntimeError, match="generation engine 0 died"):
         agents(endpoint).run(broken, [record(1, 2)], [[]], SamplingParams(n=1, max_new_tokens=12))
+
+
+# --- an endpoint that answers only its run ------------------------------------------------------------------------
+@pytest.fixture
+def served(tokenizer):
+    """An endpoint whose calls are served (no AgentEpisodes.run here), with one open episode: (endpoint, base URL)."""
+    import threading
+
+    server = AgentEndpoint(tokenizer, "/models/tiny", "127.0.0.1", 0, max_context_tokens=64, max_new_tokens=12,
+                           max_episode_calls=2, max_connections=8)
+    threading.Thread(target=server.batcher.serve_forever, daemon=True).start()
+    episode_id, base_url = server.open_episode(ScriptedEngine(tokenizer), SamplingParams(max_new_tokens=12))
+    yield server, base_url
+    server.close_episode(episode_id)
+    server.close()
+
+
+ASK = {"messages": [{"role": "user", "content": "What is 2 + 2?"}]}
+
+
+def test_only_requests_with_the_runs_key_are_answered(tokenizer, served):
+    server, base_url = served
+    other = AgentEndpoint(tokenizer, "/models/tiny", "127.0.0.1", 0, 64, 12)  # another run's endpoint and key
+    other.close()
+    root = base_url.split("/episodes/")[0]
+    for headers in ({}, bearer(other.api_key), {"Authorization": server.api_key}, bearer(server.api_key + "x")):
+        for reply in (httpx.post(f"{base_url}/chat/completions", json=ASK, headers=headers),
+                      httpx.get(f"{base_url}/models", headers=headers),
+                      httpx.get(f"{root}/v1/models", headers=headers)):
+            assert reply.status_code == 401, (headers, reply.status_code)
+            assert reply.json()["error"]["code"] == "invalid_api_key"
+    assert len(other.api_key) >= 32 and other.api_key != server.api_key  # a fresh key per run
+    with (openai.OpenAI(base_url=base_url, api_key=other.api_key, max_retries=0) as client,
+          pytest.raises(openai.AuthenticationError, match="answers only its run's agents")):
+        client.chat.completions.create(model="tiny", **ASK)
+    assert httpx.post(f"{base_url}/chat/completions", json=ASK, headers=bearer(server.api_key)).status_code == 200
+
+
+@pytest.mark.parametrize("field,value", [
+    ("model", 7), ("max_tokens", "5"), ("max_tokens", 2.5), ("stream", "yes"), ("temperature", "hot"),
+    ("stop", [1]), ("n", True), ("seed", 1.5), ("stream_options", [1]), ("logprobs", 2), ("messages", "hi"),
+    ("messages", [{"role": 1, "content": "hi"}]),
+])
+def test_malformed_chat_fields_are_400s_naming_the_field(served, field, value):
+    server, base_url = served
+    reply = httpx.post(f"{base_url}/chat/completions", json={**ASK, field: value}, headers=bearer(server.api_key))
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == field, reply.json()
+
+
+@pytest.mark.parametrize("prompt", [[1, 10**9], [-1], [True, 2], {"ids": [1]}])
+def test_completion_token_ids_outside_the_vocabulary_are_refused(served, prompt):
+    server, base_url = served
+    reply = httpx.post(f"{base_url}/completions", json={"prompt": prompt}, headers=bearer(server.api_key))
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "prompt", reply.text
+
+
+def test_oversized_bodies_are_refused_unread(served):
+    from rl.trainer.agent_endpoint import MAX_REQUEST_BYTES
+
+    server, base_url = served
+    big = b'{"messages": "' + b"x" * MAX_REQUEST_BYTES + b'"}'
+    declared = httpx.post(f"{base_url}/chat/completions", content=big, headers=bearer(server.api_key))
+    streamed = httpx.post(f"{base_url}/chat/completions", content=iter([big[:1 << 20]] * 5),  # chunked: no length
+                          headers=bearer(server.api_key))
+    for reply in (declared, streamed):
+        assert reply.status_code == 413 and reply.json()["error"]["code"] == "request_too_large", reply.text
+    assert httpx.post(f"{base_url}/chat/completions", json=ASK, headers=bearer(server.api_key)).status_code == 200
+
+
+def test_connections_past_the_limit_get_503_and_the_endpoint_goes_on(served):
+    server, base_url = served
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(server.max_connections)]
+    try:
+        for sock in idle:  # each one accepted and counted before the next request
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + server.api_key.encode()
+                         + b"\r\n\r\n")
+            assert sock.recv(16).startswith(b"HTTP/1.1 ")
+        refused = httpx.get(f"{base_url}/models", headers=bearer(server.api_key))
+        assert refused.status_code == 503, refused.text
+    finally:
+        for sock in idle:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{base_url}/models", headers=bearer(server.api_key)).status_code != 200:
+        assert time.monotonic() < deadline, "the closed connections were never released"
+        time.sleep(0.05)
+
+
+def test_an_episode_makes_at_most_max_turns_calls(served):
+    server, base_url = served
+    replies = [httpx.post(f"{base_url}/chat/completions", json=ASK, headers=bearer(server.api_key)) for _ in range(3)]
+    assert [reply.status_code for reply in replies] == [200, 200, 429]
+    assert "made its 2 calls (generator.max_turns)" in replies[2].json()["error"]["message"]
+
+
+def test_the_printed_address_is_the_bound_one(tokenizer):
+    server = AgentEndpoint(tokenizer, "tiny", "localhost", 0, 64, 12)
+    try:
+        assert server.bound == f"http://127.0.0.1:{server.port}"
+    finally:
+        server.close()

@@ -85,6 +85,11 @@ def test_the_example_agent_trains_through_the_endpoint(tmp_path):
      "environment.agent_fn: plays its episodes through the OpenAI-compatible endpoint; set "
      "generator.enable_http_endpoint=true"),
     (["generator.enable_http_endpoint=true"], "generator.enable_http_endpoint: is true, but environment.agent_fn"),
+    ([*AGENT, "generator.http_endpoint_host=0.0.0.0"],
+     "generator.http_endpoint_host: is 0.0.0.0, which other machines can reach: give "
+     "generator.http_endpoint_api_key_file"),
+    ([*AGENT, "generator.http_endpoint_host=0.0.0.0", "generator.http_endpoint_api_key_file=/no/such/key"],
+     "generator.http_endpoint_api_key_file: cannot read /no/such/key (No such file or directory)"),
 ])
 def test_bad_agents_are_refused_before_anything_starts(tmp_path, capsys, overrides, message):
     printed = launch_refused(str(tmp_path / "run"), overrides, capsys)
