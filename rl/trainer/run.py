@@ -35,8 +35,16 @@ class ActorFailed(RunFailed):
     """A worker or an engine of the run died or stopped answering: which one, and where the run stands."""
 
 
-def _actor_failure(trainer, error: Exception) -> str | None:
-    """What happened to which actor, or None when `error` is an ordinary exception raised inside a live one."""
+ACTOR_KINDS = {"EngineActor": "a generation engine", "TrainingWorker": "a training worker",
+               "RewardModelActor": "a reward model"}
+"""What each of the run's Ray actor classes is, for an actor that died before the run knew its name."""
+FAILURE_FILE = "actor_failure.txt"
+
+
+def _actor_failure(trainer, error: Exception, run_dir: str) -> str | None:
+    """What happened to which actor, or None when `error` is an ordinary exception raised inside a live one. An
+    actor that died of an exception (in its construction, most often) is named with that exception's type and
+    message; its whole traceback goes to RUN_DIR/actor_failure.txt, whose path the line gives."""
     from ray.exceptions import RayActorError
 
     from rl.trainer.waiting import ActorHung
@@ -45,8 +53,16 @@ def _actor_failure(trainer, error: Exception) -> str | None:
         return str(error)
     if isinstance(error, RayActorError):
         names = trainer.actor_names() if trainer is not None else {}
-        who = names.get(getattr(error, "actor_id", None) or "", "an actor of the run")
-        return f"{who} died ({_first_line(error)})"
+        text = _plain(str(error))
+        who = names.get(getattr(error, "actor_id", None) or "") or _created_actor(text)
+        cause = _raised(text)
+        if cause is None:
+            return f"{who} died ({_first_line(error)})"
+        path = os.path.join(run_dir, FAILURE_FILE)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        during = " in its construction" if getattr(error, "actor_init_failed", False) else ""
+        return f"{who} died{during}: {cause} (traceback: {path})"
     dead = trainer.dead_actor() if trainer is not None else None  # a survivor's collective failed first
     return f"{dead} died ({type(error.cause).__name__} in a peer)" if dead else None
 
@@ -54,6 +70,37 @@ def _actor_failure(trainer, error: Exception) -> str | None:
 def _first_line(error: Exception) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[0] if lines else type(error).__name__
+
+
+def _plain(text: str) -> str:
+    """Ray's message without its terminal colours."""
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def _created_actor(text: str) -> str:
+    """"a generation engine (EngineActor, pid 238)" from Ray's "ray::EngineActor.__init__() (pid=238, ...)"."""
+    import re
+
+    found = re.search(r"ray::(\w+)\.\w+\(\) \(pid=(\d+)", text)
+    if found is None:
+        return "an actor of the run"
+    kind = ACTOR_KINDS.get(found.group(1), "an actor of the run")
+    return f"{kind} ({found.group(1)}, pid {found.group(2)})"
+
+
+def _raised(text: str) -> str | None:
+    """The exception a traceback in Ray's message ends with ("ValueError: ..."), None without one."""
+    import re
+
+    if not re.search(r'^\s*File "', text, re.MULTILINE):
+        return None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failure|Fault)\w*(: |$)", line):
+            return line
+    return None
 
 
 def default_run_dir() -> str:
@@ -117,7 +164,7 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
         latest = checkpoint.latest(trainer.ckpt_root) if trainer is not None else None
         raise Interrupted(step, latest) from None
     except (RayActorError, RayTaskError, ActorHung) as error:
-        what = _actor_failure(trainer, error)
+        what = _actor_failure(trainer, error, run_dir)
         if what is None:
             raise
         latest = checkpoint.latest(trainer.ckpt_root, log=lambda _: None) if trainer is not None else None

@@ -60,3 +60,24 @@ def test_failed_actor_ends_the_run_naming_it(tmp_path, victim):
     finally:
         kill_group(proc.pid)
         log.close()
+
+
+def test_an_engine_that_cannot_start_is_named_with_its_exception(tmp_path):
+    """vLLM refuses an engine argument only in the engine actor's construction (a block size its CPU attention does
+    not take): the last line names the actor, the exception's type and message, and the file holding the whole
+    traceback (before, the cause was in Ray's worker logs only)."""
+    from tests.testing.tiny_job import ENGINE_KV_CACHE, run_train
+
+    job = make_tiny_job(str(tmp_path / "job"))
+    run_dir = str(tmp_path / "run")
+    result = run_train(run_dir, [*job.overrides(steps=1), "generator.backend=vllm", ENGINE_KV_CACHE,
+                                 "generator.engine_init_kwargs={block_size: 7}"])
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    traceback = os.path.join(run_dir, "actor_failure.txt")
+    assert re.fullmatch(r"error: a generation engine \(EngineActor, pid \d+\) died in its construction: "
+                        r"ValueError: No common block size for 7\b.* \(traceback: " + re.escape(traceback) +
+                        r"\) at step 0; no complete checkpoint yet", last), last
+    with open(traceback, encoding="utf-8") as f:
+        text = f.read()
+    assert 'File "' in text and "ValueError: No common block size for 7" in text
