@@ -41,9 +41,12 @@ def read_rows(path: Path) -> list[RawRow]:
 
 @FILE_READERS.register(".jsonl")
 def read_jsonl(path: Path) -> list[RawRow]:
-    """One JSON object per line; blank lines are skipped, any other unparsable line is an error naming it."""
+    """One JSON object per line (lines end at "\n", an "\r" before it allowed, as JSON Lines says: a U+2028 or
+    other Unicode line break inside a JSON string is part of the string); blank lines are skipped, any other
+    unparsable line is an error naming it."""
     rows = []
-    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+    for number, line in enumerate(_read_text(path).split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         where = f"{path} line {number}"

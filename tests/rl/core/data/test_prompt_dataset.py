@@ -164,3 +164,15 @@ def test_invalid_cells_name_the_row(tmp_path, row, match):
     with pytest.raises(DataError, match=match) as caught:
         load_prompt_dataset([str(path)])
     assert "cells.jsonl line 1" in str(caught.value)
+
+
+def test_unicode_line_breaks_inside_json_strings_stay_in_the_row(tmp_path):
+    """JSON allows U+2028, U+2029, U+0085 and form feeds raw inside strings; only "\\n" ends a JSON Lines record
+    (an "\\r" before it is the Windows ending)."""
+    text = "What is 1 + 1?\u2028Think\u2029then\x85answer\x0c."
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"prompt": text, "answer": "2"}, ensure_ascii=False) + "\r\n" +
+                    json.dumps({"prompt": "2 + 2?", "answer": "4"}) + "\n", encoding="utf-8")
+    first, second = load_prompt_dataset([str(path)])
+    assert first.prompt == text and first.answer == "2"
+    assert second.answer == "4" and second.where.endswith("line 2")
