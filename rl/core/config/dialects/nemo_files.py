@@ -33,29 +33,31 @@ def read_config_file(path: str) -> Any:
     return data
 
 
-def _read(path: str) -> Any:
+def _read(path: str, child: str | None = None) -> Any:
+    """`child`: the file whose `defaults:` names this one (named when this one cannot be read)."""
     try:
         return read_yaml(path)
     except OSError as exc:
-        raise ConfigError([f"config file {path}: cannot be read ({exc.strerror}); check the path"]) from exc
+        named = f" (named in defaults: of {child})" if child else ""
+        raise ConfigError([f"config file {path}{named}: cannot be read ({exc.strerror}); check the path"]) from exc
     except UnicodeDecodeError as exc:
         raise ConfigError([f"config file {path}: is not UTF-8 text (byte {exc.start}); save it as UTF-8"]) from exc
     except yaml.YAMLError as exc:
         raise ConfigError([f"config file {path}: is not valid YAML ({exc}); fix the syntax"]) from exc
 
 
-def _read_with_defaults(path: str, chain: tuple[str, ...]) -> Any:
+def _read_with_defaults(path: str, chain: tuple[str, ...], child: str | None = None) -> Any:
     real = os.path.realpath(path)
     if real in chain:
         cycle = " -> ".join([*chain, real])
         raise ConfigError([f"config file {path}: defaults: inherits itself ({cycle}); remove the loop"])
-    data = _read(path)
+    data = _read(path, child)
     if not isinstance(data, dict) or "defaults" not in data:
         return data
     parents = _parent_files(data.pop("defaults"), path)
     merged: dict[str, Any] = {}
     for parent in parents:
-        inherited = _read_with_defaults(parent, (*chain, real))
+        inherited = _read_with_defaults(parent, (*chain, real), path)
         if not isinstance(inherited, dict):
             raise ConfigError([f"config file {parent} (a default of {path}): must hold a mapping of sections"])
         merged = merge(merged, inherited)

@@ -233,6 +233,12 @@ def test_defaults_loops_and_hydra_groups_are_refused(tmp_path):
     (tmp_path / "hydra.yaml").write_text("defaults:\n  - _self_\n  - megatron_config@trainer.policy: policy\n")
     with pytest.raises(ConfigError, match="Hydra config groups are not read"):
         load_config([], config_file=str(tmp_path / "hydra.yaml"))
+    (tmp_path / "orphan.yaml").write_text("defaults: gone.yaml\n")
+    with pytest.raises(ConfigError) as missing:
+        load_config([], config_file=str(tmp_path / "orphan.yaml"))
+    assert missing.value.problems == [f"config file {tmp_path / 'gone.yaml'} (named in defaults: of "
+                                      f"{tmp_path / 'orphan.yaml'}): cannot be read (No such file or directory); "
+                                      "check the path"]
 
 
 def test_interpolation_sees_the_childs_values(tmp_path):
