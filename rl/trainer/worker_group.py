@@ -7,6 +7,7 @@ shuts Ray down: on success, on error and on Ctrl-C. Where each worker sits is `r
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,11 +17,14 @@ from rl.backends.base import DataParallelRank
 from rl.trainer.waiting import wait_all
 
 # Unix socket paths must stay under 108 bytes, and Ray appends up to ~64 characters to its temp dir
-# (`/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store`); longer run dirs get a linked short temp dir.
+# (`/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store`); longer run dirs get a linked short temp dir while
+# Ray runs, moved into the run directory when it stops.
 _MAX_RAY_DIR = 40
+_linked: tuple[str, str] | None = None  # (the run directory's link, the short temp dir it points to)
 
 
 def _ray_temp_dir(run_dir: str) -> str:
+    global _linked
     wanted = os.path.join(os.path.abspath(run_dir), "ray")
     if len(wanted) <= _MAX_RAY_DIR:
         os.makedirs(wanted, exist_ok=True)
@@ -28,7 +32,29 @@ def _ray_temp_dir(run_dir: str) -> str:
     short = tempfile.mkdtemp(prefix="rl-ray-")
     if not os.path.lexists(wanted):
         os.symlink(short, wanted)
+        _linked = (wanted, short)
     return short
+
+
+def _keep_ray_files() -> None:
+    """The short temp dir's files (Ray's logs: what each actor printed) into the run directory in place of its
+    link, and the temp dir gone; sockets and pipes, dead with Ray, are left out."""
+    global _linked
+    if _linked is None:
+        return
+    link, short = _linked
+    _linked = None
+    if not (os.path.islink(link) and os.readlink(link) == short):
+        return
+    os.unlink(link)
+    try:
+        os.rename(short, link)
+    except OSError:  # another filesystem
+        def special(folder: str, names: list[str]) -> list[str]:
+            return [n for n in names if not (os.path.isdir(os.path.join(folder, n)) or
+                                             os.path.isfile(os.path.join(folder, n)))]
+        shutil.copytree(short, link, symlinks=True, ignore=special, ignore_dangling_symlinks=True)
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def start_ray(run_dir: str, address: str | None, slots: int = 0) -> None:
@@ -58,6 +84,7 @@ def stop_ray() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
+    _keep_ray_files()
 
 
 @dataclass(frozen=True)

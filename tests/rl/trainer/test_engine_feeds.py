@@ -14,6 +14,8 @@ emulated devices (`shared_weights.EMULATE_ENV`: each placement slot a device of 
   two computations. The control, in the same run: an engine left with the initial weights would sample step 2
   from the reference model's weights, whose mean gap `kl` (the `abs` estimator) exceeds twice that bound."""
 
+import glob
+import os
 import re
 
 import pytest
@@ -129,6 +131,11 @@ def test_each_rank_feeds_the_engine_on_its_device(tmp_path):
     # the hook reaches every actor through the run's own Ray (its raylet starts them with the launcher's environment)
     result = run_train(run_dir, overrides, timeout=900, env_extra={EMULATE_ENV: "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    # the run's own Ray kept its files in a short temp dir (the run directory's path is too long for its sockets):
+    # they are in the run directory now, and the temp dir is gone
+    ray_files = os.path.join(run_dir, "ray")
+    assert os.path.isdir(ray_files) and not os.path.islink(ray_files) and len(ray_files) > 40
+    assert glob.glob(os.path.join(ray_files, "session_*", "logs", "worker-*.out")), os.listdir(ray_files)
     assert "2 engine(s) beside them, TP 1, on the devices of ranks [[0], [1]]" in result.stdout
     assert "vllm engines' KV cache: 64.0 MiB each (generator.kv_cache_memory_bytes;" in result.stdout
     assert "weight sync: ipc, buckets of 1 MiB" in result.stdout
