@@ -52,16 +52,20 @@ def describe(failure: BaseException) -> str:
     return lines[0] if lines else type(failure).__name__
 
 
-def free_space(path: str) -> str:
-    """'X free of Y' for the filesystem that holds `path` (its nearest existing ancestor), or '' when unreadable."""
+FULL_BYTES = 1 << 20
+"""A write cut short with less than this free on its filesystem ran out of space (torch's zip writer says only
+"unexpected pos" or "file write failed")."""
+
+
+def disk_usage(path: str):
+    """shutil.disk_usage of the filesystem that holds `path` (its nearest existing ancestor), None when unreadable."""
     existing = os.path.abspath(path)
     while not os.path.exists(existing) and os.path.dirname(existing) != existing:
         existing = os.path.dirname(existing)
     try:
-        usage = shutil.disk_usage(existing)
+        return shutil.disk_usage(existing)
     except OSError:
-        return ""
-    return f"{_size(usage.free)} free of {_size(usage.total)}"
+        return None
 
 
 def _size(count: int) -> str:
@@ -75,12 +79,16 @@ def _size(count: int) -> str:
 def write_failed(what: str, path: str, failure: BaseException, partial: str, key: str) -> WriteFailed:
     """Removes the half-written `partial` directory and says what could not be written where, and why; `key` is
     the config key that moves it elsewhere."""
+    usage = disk_usage(path)  # as the write found it, before the partial's space is given back
     shutil.rmtree(partial, ignore_errors=True)
-    space = free_space(path)
-    short = " (a write was cut short)" if any(text in str(failure) for text in _SHORT_WRITE_TEXTS) else ""
-    return WriteFailed(f"{what} could not be written to {path}: {describe(failure)}{short}; "
-                       f"{f'its filesystem has {space}; ' if space else ''}the partial {partial} was removed "
-                       f"(free space there or set {key} to another disk)")
+    error = describe(failure)
+    if any(text in str(failure) for text in _SHORT_WRITE_TEXTS):
+        full = usage is not None and usage.free < FULL_BYTES
+        error = f"No space left on device (the writer said: {error})" if full else f"{error} (a write was cut short)"
+    space = f"{_size(usage.free)} free of {_size(usage.total)}" if usage else ""
+    return WriteFailed(f"{what} could not be written to {path}: {error}; "
+                       f"{f'its filesystem had {space} when the write failed; ' if space else ''}the partial "
+                       f"{partial} was removed (free space there or set {key} to another disk)")
 
 
 @contextlib.contextmanager
