@@ -28,6 +28,7 @@ def main(section: str, argv: list[str]) -> int:
     from rl.core.config.supervised import split_overrides
     from rl.core.data.errors import DataError
     from rl.launch.environment import apply_environment
+    from rl.trainer.run import Interrupted
     from rl.trainer.write_faults import WriteFailed
 
     try:
@@ -58,8 +59,11 @@ def main(section: str, argv: list[str]) -> int:
     except WriteFailed as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except Interrupted as stop:  # the step and the checkpoint to resume from
+        print(stop, file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # before training began
+        print("interrupted before the first step", file=sys.stderr)
         return 130
     print(f"done: {run_dir}", flush=True)
     return 0

@@ -229,6 +229,11 @@ def run_supervised(cfg, section: str, block, make_trainer, run_dir: str | None =
     try:
         trainer.start()
         trainer.fit()
+    except KeyboardInterrupt:
+        from rl.trainer.run import Interrupted
+
+        latest = checkpoint.latest(trainer.ckpt_root, log=lambda _: None)
+        raise Interrupted(trainer.current_step, latest) from None
     finally:
         trainer.close()
         stop_ray()

@@ -1,6 +1,6 @@
-"""Ctrl-C during training: the launcher ends with exit code 130 and one line naming the step and the last complete
-checkpoint (no traceback), and no Ray process of the run outlives it. SIGKILL of the launcher alone: every process
-it started is gone within 2 s."""
+"""Ctrl-C during training (RL and SFT): the launcher ends with exit code 130 and one line naming the step and the last
+complete checkpoint (no traceback), and no Ray process of the run outlives it. SIGKILL of the launcher alone: every
+process it started is gone within 2 s."""
 
 import json
 import os
@@ -28,14 +28,19 @@ def _processes_mentioning(text: str) -> list[str]:
     return [line for line in out.splitlines() if text in line and "ps -eo" not in line]
 
 
-@pytest.mark.parametrize("whole_group", [False, True], ids=["launcher", "terminal"])
-def test_ctrl_c_ends_with_one_line_and_leaves_no_ray_process(tmp_path, whole_group):
+@pytest.mark.parametrize("whole_group,module", [(False, "rl.launch.train"), (True, "rl.launch.train"),
+                                                (False, "rl.launch.sft")], ids=["launcher", "terminal", "sft"])
+def test_ctrl_c_ends_with_one_line_and_leaves_no_ray_process(tmp_path, whole_group, module):
     """`terminal`: the SIGINT a terminal sends to the whole process group (the reward processes included, which
-    ignore it: the driver stops them)."""
-    job = make_tiny_job(str(tmp_path / "job"))
+    ignore it: the driver stops them). `sft`: the supervised launcher (the embedded SFT job) says the same."""
     run_dir = str(tmp_path / "run")
     log = open(tmp_path / "launcher.log", "w+")  # noqa: SIM115  (read after the run, closed below)
-    proc = start_train(run_dir, [*job.overrides(steps=200), "trainer.ckpt_interval=1"], output=log)
+    if module == "rl.launch.sft":
+        overrides = ["trainer.max_steps=200", "trainer.train_batch_size=8", "trainer.policy_mini_batch_size=8",
+                     "trainer.ckpt_interval=1", "trainer.eval_interval=0", "trainer.eval_before_train=false"]
+    else:
+        overrides = [*make_tiny_job(str(tmp_path / "job")).overrides(steps=200), "trainer.ckpt_interval=1"]
+    proc = start_train(run_dir, overrides, output=log, module=module)
     try:
         deadline = time.monotonic() + 300
         while _trained_steps(run_dir) < 2:
