@@ -254,11 +254,18 @@ def check_rows(paths: Sequence[str | Path], spec: SupervisedDataSpec, paired: bo
     """How many rows the files hold, each checked as `sft_messages` and `sft_images` (or `preference_conversations`
     when `paired`) check it: what can be known without the tokenizer, for a check before anything starts."""
     rows = _rows(paths)
+    responses = 0  # assistant turns with words in them
     for row, directory in rows:
         if paired:
-            preference_conversations(row, spec)
+            conversations = preference_conversations(row, spec)
         else:
-            sft_images(row, sft_messages(row, spec), directory)
+            conversations = (sft_messages(row, spec),)
+            sft_images(row, conversations[0], directory)
+        responses += sum(bool(m["content"].strip()) for c in conversations for m in c if m["role"] == "assistant")
+    if not responses:
+        raise DataError(f"{', '.join(map(str, paths))}: every assistant turn of its {len(rows)} rows is empty, so "
+                        "training would teach only to end the turn at once; fill in the responses (or point at the "
+                        "columns that hold them: the sft/dpo block's keys)")
     return len(rows)
 
 

@@ -123,3 +123,17 @@ def test_rows_with_images_encode_through_the_processor_with_their_pixels():
         sft_example(TOKENIZER, _row(messages=messages, images=images), SPEC)
     with pytest.raises(DataError, match="a row with images is never cut"):
         sft_example(processor, _row(messages=messages, images=images), SupervisedDataSpec(max_length=8, truncate=True))
+
+
+def test_files_whose_every_response_is_empty_are_refused(tmp_path):
+    from rl.core.data.supervised import check_rows
+
+    path = tmp_path / "empty.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"What is {k} + 2?"}, {"role": "assistant", "content": " "}]}
+            for k in range(3)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(DataError, match=rf"{path}: every assistant turn of its 3 rows is empty"):
+        check_rows([path], SPEC, paired=False)
+    rows[1]["messages"][1]["content"] = "4"  # one response with words is something to learn
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert check_rows([path], SPEC, paired=False) == 3
