@@ -108,6 +108,12 @@ class RewardScorer:
         per_function: dict[str, list[float]] = defaultdict(list)
         errors = []
         for spec, column in zip(self.specs, outcomes, strict=True):
+            failed = [b for b, outcome in enumerate(column) if outcome.error is not None and not outcome.fatal]
+            if column and len(failed) == len(column) and self.on_error == "zero":
+                raise RewardError(f"data.reward_fn: {spec.reference} failed on all {len(column)} responses of this "
+                                  f"batch, the first on {describe_row(records[0])}: {column[0].error}; "
+                                  "data.reward_on_error=zero scores a failed call 0, but a function that never "
+                                  "works gives nothing to learn from: fix it")
             for b, outcome in enumerate(column):
                 if outcome.fatal:
                     raise RewardError(f"data.reward_fn: {spec.reference} on {describe_row(records[b])}: "

@@ -115,7 +115,7 @@ def test_weighted_functions_sum_as_documented_and_log_their_own_metrics(reward_f
 
 @pytest.mark.parametrize("workers", [2, 0])
 def test_failures_score_zero_are_counted_and_named(reward_file, workers, capsys):
-    bad = ["raises", "nan", "text"] + (["dies"] if workers else [])
+    bad = ["raises", "nan"] + (["dies"] if workers else [])
     scorer = RewardScorer(_Cfg(reward_fn=[f"{reward_file}:{name}" for name in bad], reward_num_workers=workers,
                                timeout=None if workers == 0 else 5.0))
     try:
@@ -123,13 +123,26 @@ def test_failures_score_zero_are_counted_and_named(reward_file, workers, capsys)
         again, _ = scorer.score(["good"], _records(1))  # a replaced worker serves the next call
     finally:
         scorer.close()
-    # row 1 fails in raises, nan, dies (0 each); `text` returns a string: every row fails there
-    per_good = (1.0 + 1.0 + 0.0 + (1.0 if workers else 0.0))
+    # row 1 fails in raises, nan, dies (0 each)
+    per_good = 1.0 + 1.0 + (1.0 if workers else 0.0)
     assert rewards.tolist() == [per_good, 0.0, per_good]
     assert again.tolist() == [per_good]
-    assert metrics["reward_errors"] == len(bad) - 1 + 3
+    assert metrics["reward_errors"] == len(bad)
     printed = capsys.readouterr().out
     assert "raises failed on train.parquet row 1: ValueError: cannot grade bad" in printed
+
+
+def test_a_function_that_fails_on_the_whole_batch_stops_the_run(reward_file):
+    """data.reward_on_error=zero goes on past failed calls, not past a function that never works (`text` returns a
+    string: every row fails), which would train on zeros."""
+    scorer = RewardScorer(_Cfg(reward_fn=[f"{reward_file}:raises", f"{reward_file}:text"], reward_num_workers=0))
+    try:
+        with pytest.raises(RewardError) as error:
+            scorer.score(["good", "bad", "good"], _records(3))
+    finally:
+        scorer.close()
+    assert str(error.value).startswith(f"data.reward_fn: {reward_file}:text failed on all 3 responses of this batch, "
+                                       "the first on train.parquet row 0: ")
 
 
 def test_a_hung_call_is_killed_at_its_deadline_and_the_others_go_on(reward_file):
