@@ -1,15 +1,16 @@
 """`python_expression`: a code-execution reward for tasks whose answers are Python expressions. The response's
 expression (after its last `####`, else in its last ```python block, else the whole response) is evaluated in the
-sandbox (`rl.core.sandbox`: no network, no writes outside its scratch directory, CPU, memory, process and output
-limits, a deadline); the reward is 1 when the value's repr equals that of the row's answer (also evaluated in the
-sandbox), else 0. A machine where runs cannot be confined refuses with the reason instead of running the code."""
+jail (`rl.core.sandbox`: bubblewrap, a seccomp filter, no network, a read-only root of only the interpreter, a capped
+scratch tmpfs, CPU, memory, process and output limits, a deadline); the reward is 1 when the value's repr equals that
+of the row's answer (also evaluated in the jail), else 0. A machine that cannot build the jail refuses the run
+before anything starts, with the reason (unless environment.sandbox.allow_weaker_isolation)."""
 
 from __future__ import annotations
 
 import re
 
 from rl.core.rewards.registry import REWARD_FUNCTIONS
-from rl.core.sandbox import SandboxLimits, run_python
+from rl.core.sandbox import SandboxLimits, run_python, runs_model_code
 
 LIMITS = SandboxLimits(wall_s=10, cpu_s=2, memory_mb=256, processes=8, output_bytes=4096, file_mb=1)
 BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
@@ -30,8 +31,9 @@ def _value(expression: str) -> tuple[str | None, str]:
 
 
 @REWARD_FUNCTIONS.register("python_expression")
+@runs_model_code
 def python_expression_reward(response: str, answer: str) -> dict[str, float]:
-    """1 when the response's expression evaluates (in the sandbox) to the answer's value; `sandbox_ok` logs the
+    """1 when the response's expression evaluates (in the jail) to the answer's value; `sandbox_ok` logs the
     share of responses whose code ran to the end."""
     expression = expression_of(response)
     if not expression:

@@ -1,7 +1,8 @@
 """What must hold on this machine before a run spends anything (Ray, a model load, the embedded warm-up): the prompt
 files read and hold the configured keys and enough prompts (built with the prompt template, so every row's prompt
 suits it and the length checks below see the prompts the trainer encodes), the model path exists when it is local,
-the reward is registered, a multi-turn environment builds and every prompt leaves room in its episodes, prompts fit
+the reward is registered (and, when it runs model-written code, the jail of `rl.core.sandbox` can be built here), a
+multi-turn environment builds and every prompt leaves room in its episodes, prompts fit
 generator.max_prompt_length (data.truncation=error) and the model's positions, checkpoints and exports can be
 written where the config says, a checkpoint to resume is complete, intact and of this strategy, the kernels
 `trainer.kernels` names and nccl weight sync can run here (both need CUDA), the vLLM engines' KV cache fits this
@@ -193,6 +194,31 @@ def _reward_problems(cfg) -> list[str]:
     return found
 
 
+def _sandbox_problems(cfg) -> list[str]:
+    """A reward that runs model-written code (`rl.core.sandbox.runs_model_code`) needs the jail with every guarantee
+    here, unless environment.sandbox.allow_weaker_isolation; with it, what is missing is said once."""
+    from rl.core.rewards.functions import load_reward_function
+    from rl.core.sandbox import WEAKER_ISOLATION_KEY, isolation
+    from rl.tasks import rewards  # noqa: F401
+
+    users = []
+    for reference in cfg.data.reward_fn:
+        try:
+            if getattr(load_reward_function(reference), "runs_model_code", False):
+                users.append(reference)
+        except ValueError:
+            continue  # named by _reward_problems
+    found = isolation() if users else None
+    if found is None or found.problem is None:
+        return []
+    if cfg.environment.sandbox.allow_weaker_isolation:
+        print(f"warning: {WEAKER_ISOLATION_KEY}=true: {found.problem}; {found.weaker()}", flush=True)
+        return []
+    return [f"data.reward_fn: {', '.join(users)} runs the model's code in the jail, which this machine cannot give "
+            f"every guarantee: {found.problem}. Fix that, or set {WEAKER_ISOLATION_KEY}=true, with which "
+            f"{found.weaker()}"]
+
+
 def _environment_problems(cfg) -> list[str]:
     """`environment.env_class` is a registered environment or user code that imports and subclasses Environment,
     and one instance builds with environment.env_options within environment.step_timeout_s (its `start` and `step`
@@ -380,7 +406,7 @@ def preflight(cfg, ray_address: str | None = None) -> None:
     """Raises ConfigError listing every problem found (see the module docstring)."""
     loaded: dict = {}
     problems = [*_data_problems(cfg, loaded), *_model_problems(cfg), *_reward_problems(cfg),
-                *_reward_model_problems(cfg), *_environment_problems(cfg),
+                *_sandbox_problems(cfg), *_reward_model_problems(cfg), *_environment_problems(cfg),
                 *_prompt_room_problems(cfg, loaded), *_prompt_length_problems(cfg, loaded), *agent_problems(cfg),
                 *_resume_problems(cfg), *_writable_problems(cfg), *_kernel_problems(cfg, ray_address),
                 *_weight_sync_problems(cfg, ray_address), *_engine_kwargs_problems(cfg),

@@ -6,6 +6,7 @@ import datetime
 import os
 
 from rl.core.config import save_config
+from rl.core.sandbox import allow_weaker_isolation
 from rl.trainer import checkpoint
 from rl.trainer.plots import plot_curves
 from rl.trainer.preflight import preflight
@@ -144,6 +145,8 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
     clock = clock or StartupClock()
     clock.mark("imports")
     preflight(cfg, ray_address)
+    # before any reward process or Ray worker starts: they read it from the environment they inherit
+    allow_weaker_isolation(cfg.environment.sandbox.allow_weaker_isolation)
     run_dir = prepare_run_dir(run_dir or default_run_dir(), cfg.trainer.resume_mode)
     save_config(cfg, os.path.join(run_dir, "config.yaml"))
     print(f"run directory: {run_dir}", flush=True)

@@ -453,6 +453,20 @@ class DataConfig:
 
 
 @dataclass(kw_only=True)
+class SandboxConfig:
+    """The jail model-written code runs in (`rl.core.sandbox`: bubblewrap, a seccomp filter and rlimits; its
+    docstring says what it guarantees). A run whose reward runs model code (data.reward_fn=python_expression) is
+    refused before anything starts where this machine cannot build the jail (no bubblewrap, no user namespaces) or
+    give it its seccomp filter (a CPU other than x86_64), naming why."""
+
+    allow_weaker_isolation: bool
+    """`true` runs such a run anyway, with what the machine can give, and says what is missing at the start: without
+    the seccomp filter the code runs in the jail without it; without a jail it runs unconfined (a child process
+    with the limits and an empty environment, but able to read and write what the trainer's user can and to reach
+    the network). `false` (the default) refuses it."""
+
+
+@dataclass(kw_only=True)
 class EnvironmentConfig:
     """Multi-turn environments (SkyRL's `environment` block)."""
 
@@ -492,6 +506,9 @@ class EnvironmentConfig:
     agent_timeout_s: float | None
     """Seconds one agent episode may take; past it the episode counts as failed (handled as data.reward_on_error
     says). null: no limit."""
+
+    sandbox: SandboxConfig
+    """The jail for model-written code."""
 
 
 @dataclass(kw_only=True)
