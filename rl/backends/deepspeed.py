@@ -29,6 +29,10 @@ def engine_config(section: str, user: dict, max_grad_norm: float, bf16: bool) ->
     if section == "train":
         config.setdefault("gradient_clipping", max_grad_norm)
     config.setdefault("bf16", {"enabled": bf16})  # a `bf16` block of deepspeed_config wins
+    if bf16:  # DeepSpeed reduces and keeps gradients in the model's dtype unless told: float32, as every strategy
+        config.setdefault("communication_data_type", "fp32")
+        if config.get("zero_optimization", {}).get("stage", 0) > 0:  # without ZeRO only bf16 accumulates
+            config.setdefault("data_types", {"grad_accum_dtype": "fp32"})
     return config
 
 

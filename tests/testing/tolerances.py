@@ -225,22 +225,28 @@ def assert_adam_runs_within(got: dict[str, torch.Tensor], want: dict[str, torch.
                             msg: str = "") -> int:
     """Two runs' weights after `steps` Adam(W) steps, when the gradients are not at hand (a launcher run exports
     weights only), so `adam_gap` cannot be applied per element:
-    - every element within `adam_drift` (a bound that holds for any gradients);
-    - in every tensor, all but ceil(outlier_share * numel) elements within `adam_bulk_gap` at `grad_rtol`: only
-      elements whose gradient came within its rounding noise of zero in some step (their update's sign is noise)
-      may leave it. A wrong shard merge, a wrong learning rate or a missing gradient moves most of a tensor's
-      elements, not a few. Returns the largest number of bulk outliers in one tensor."""
+    - in every tensor, all but ceil(outlier_share * numel) elements within `adam_bulk_gap` at `grad_rtol`: the
+      check of the gradients. Only elements whose gradient came within its rounding noise of zero in some step
+      (their update's sign is noise) may leave it; a wrong shard merge, a wrong learning rate or a missing or wrong
+      gradient moves most of a tensor's elements, not a few. A NaN counts as beyond it.
+    - those few elements within `adam_drift`, the farthest any gradients move an element in `steps` steps at `lr`:
+      it bounds how far a noise-signed update can go and catches a value no such run reaches (a corrupted element,
+      another start); it holds whatever the gradients were, so it checks the weights, never the gradients.
+    Returns the largest number of bulk outliers in one tensor."""
     drift = adam_drift(lr, steps, betas)
     worst = 0
     for name, w in want.items():
         g = got[name]
-        assert_within(g, w, drift, f"{msg} {name} (Adam's worst-case drift)")
+        assert g.shape == w.shape, f"{msg} {name}: shape {tuple(g.shape)} vs {tuple(w.shape)}"
         bulk = adam_bulk_gap(w, lr, steps, grad_rtol, w.dtype, betas)
-        outside = int(((g.double() - w.double()).abs() > bulk).sum())
+        outside = ~((g.double() - w.double()).abs() <= bulk)
         allowed = math.ceil(outlier_share * w.numel())
-        assert outside <= allowed, (f"{msg} {name}: {outside} of {w.numel()} elements beyond the bulk bound "
-                                    f"(at most {allowed} may be gradients within rounding noise of zero)")
-        worst = max(worst, outside)
+        assert int(outside.sum()) <= allowed, (
+            f"{msg} {name}: {int(outside.sum())} of {w.numel()} elements beyond the bulk bound (at most {allowed} "
+            "may be gradients within rounding noise of zero)")
+        assert bool(torch.isfinite(g[outside]).all()), f"{msg} {name}: not finite"
+        assert_within(g[outside], w[outside], drift, f"{msg} {name} (beyond the bulk bound: Adam's worst-case drift)")
+        worst = max(worst, int(outside.sum()))
     return worst
 
 
