@@ -15,7 +15,6 @@ import sys
 import zipfile
 from collections import defaultdict
 
-
 EMPIRICAL = re.compile(r"\b(network_rtol|logprob_gap|gradient_gap|trained_model_logprob_gap)\(")
 """The bounds of tests/testing/tolerances.py that are empirical (a heuristic with a measured margin)."""
 
