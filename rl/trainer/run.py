@@ -43,29 +43,39 @@ FAILURE_FILE = "actor_failure.txt"
 
 
 def _actor_failure(trainer, error: Exception, run_dir: str) -> str | None:
-    """What happened to which actor, or None when `error` is an ordinary exception raised inside a live one. An
-    actor that died of an exception (in its construction, most often) is named with that exception's type and
-    message; its whole traceback goes to RUN_DIR/actor_failure.txt, whose path the line gives."""
+    """What happened to which actor, or None when `error` names no actor. An actor that died of an exception (in its
+    construction, most often) or whose call raised one is named with that exception's type and message, and the
+    whole traceback goes to RUN_DIR/actor_failure.txt, whose path the line gives."""
     from ray.exceptions import RayActorError
 
     from rl.trainer.waiting import ActorHung
 
     if isinstance(error, ActorHung):
         return str(error)
+    names = trainer.actor_names() if trainer is not None else {}
+    text = _plain(str(error))
+    cause = _raised(text)
     if isinstance(error, RayActorError):
-        names = trainer.actor_names() if trainer is not None else {}
-        text = _plain(str(error))
-        who = names.get(getattr(error, "actor_id", None) or "") or _created_actor(text)
-        cause = _raised(text)
+        who = names.get(getattr(error, "actor_id", None) or "") or _actor_in(text)[0]
         if cause is None:
             return f"{who} died ({_first_line(error)})"
-        path = os.path.join(run_dir, FAILURE_FILE)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
         during = " in its construction" if getattr(error, "actor_init_failed", False) else ""
-        return f"{who} died{during}: {cause} (traceback: {path})"
+        return f"{who} died{during}: {cause} (traceback: {_keep_traceback(text, run_dir)})"
     dead = trainer.dead_actor() if trainer is not None else None  # a survivor's collective failed first
-    return f"{dead} died ({type(error.cause).__name__} in a peer)" if dead else None
+    if dead:
+        return f"{dead} died ({type(error.cause).__name__} in a peer)"
+    who, method = _actor_in(text)
+    if cause is None or method is None:
+        return None
+    who = names.get(getattr(error, "actor_id", None) or "") or who
+    return f"{who} failed in {method}(): {cause} (traceback: {_keep_traceback(text, run_dir)})"
+
+
+def _keep_traceback(text: str, run_dir: str) -> str:
+    path = os.path.join(run_dir, FAILURE_FILE)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    return path
 
 
 def _first_line(error: Exception) -> str:
@@ -80,15 +90,16 @@ def _plain(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
-def _created_actor(text: str) -> str:
-    """"a generation engine (EngineActor, pid 238)" from Ray's "ray::EngineActor.__init__() (pid=238, ...)"."""
+def _actor_in(text: str) -> tuple[str, str | None]:
+    """("a generation engine (EngineActor, pid 238)", "__init__") from Ray's "ray::EngineActor.__init__() (pid=238,
+    ...)"; ("an actor of the run", None) where Ray's message names none."""
     import re
 
-    found = re.search(r"ray::(\w+)\.\w+\(\) \(pid=(\d+)", text)
+    found = re.search(r"ray::(\w+)\.(\w+)\(\) \(pid=(\d+)", text)
     if found is None:
-        return "an actor of the run"
+        return "an actor of the run", None
     kind = ACTOR_KINDS.get(found.group(1), "an actor of the run")
-    return f"{kind} ({found.group(1)}, pid {found.group(2)})"
+    return f"{kind} ({found.group(1)}, pid {found.group(3)})", found.group(2)
 
 
 def _raised(text: str) -> str | None:
