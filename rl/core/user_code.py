@@ -130,11 +130,29 @@ def exit_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+_IN_USER_CODE = threading.local()
+_REAL_OS_EXIT = os._exit
+
+
+def _os_exit_of_user_code(code: int) -> None:
+    """os._exit while this thread runs user code: refused (UserExit) and remembered, so that user code that catches
+    the error still ends its call as one; elsewhere (another thread, a process forked from this one) the real
+    os._exit."""
+    if getattr(_IN_USER_CODE, "depth", 0) <= 0 or _IN_USER_CODE.pid != os.getpid():
+        _REAL_OS_EXIT(code)
+    _IN_USER_CODE.exit_called = code
+    raise UserExit(f"it called os._exit({code!r}); user code may not end the run, raise an exception instead")
+
+
 @contextlib.contextmanager
 def exits_as_errors():
     """Runs user code: a SystemExit, or a KeyboardInterrupt that no real SIGINT caused, comes out as `UserExit`
-    (a real Ctrl-C still raises KeyboardInterrupt)."""
+    (a real Ctrl-C still raises KeyboardInterrupt), and so does a call of os._exit on this thread (which would end
+    the process, the run with it, with the user's exit code)."""
+    os._exit = _os_exit_of_user_code
     sigints = real_sigints()
+    _IN_USER_CODE.depth = getattr(_IN_USER_CODE, "depth", 0) + 1
+    _IN_USER_CODE.exit_called, _IN_USER_CODE.pid = None, os.getpid()
     try:
         with counting_sigints():
             yield
@@ -142,6 +160,11 @@ def exits_as_errors():
         if isinstance(error, KeyboardInterrupt) and real_sigints() != sigints:
             raise
         raise UserExit(exit_text(error)) from error
+    finally:
+        _IN_USER_CODE.depth -= 1
+    if _IN_USER_CODE.exit_called is not None:  # the UserExit was caught inside the user's code
+        raise UserExit(f"it called os._exit({_IN_USER_CODE.exit_called!r}); user code may not end the run, raise "
+                       "an exception instead")
 
 
 def call_guarded(fn: Callable, *args, **kwargs):

@@ -110,9 +110,12 @@ class RewardPool:
             for worker in readable:
                 job_id = worker.job[0]
                 answer = receive(worker.process.stdout)
-                if answer is None:  # the process died inside the user's code (os._exit, a crash, out of memory)
+                if answer is None:  # the process died inside the user's code (an exit, a crash, out of memory)
                     code = worker.process.wait()
-                    outcomes[job_id] = RewardOutcome(None, f"the reward process exited with code {code} mid-call")
+                    outcomes[job_id] = (  # an exit the code chose ends the run; a signal's death is the call's error
+                        RewardOutcome(None, f"ended the reward process mid-call (exit code {code}); user code may "
+                                            "not end the run, raise an exception instead", fatal=True) if code >= 0
+                        else RewardOutcome(None, f"the reward process died mid-call (signal {-code})"))
                     worker.job = None
                     self._replace(worker)
                     continue

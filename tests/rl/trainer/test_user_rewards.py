@@ -20,6 +20,7 @@ REWARDS = textwrap.dedent("""
     import math
     import os
     import sys
+    import signal
     import time
 
     def exact(response, answer):
@@ -44,9 +45,22 @@ REWARDS = textwrap.dedent("""
     def nan(response, answer):
         return math.nan if response == "bad" else 1.0
 
-    def dies(response, answer):
+    def dies(response, answer):  # a crash: the process is killed, it does not choose to end
+        if response == "bad":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return 1.0
+
+    def os_exits(response, answer):
         if response == "bad":
             os._exit(3)
+        return 1.0
+
+    def os_exits_caught(response, answer):  # the refusal caught: the call still ends the run
+        if response == "bad":
+            try:
+                os._exit(0)
+            except Exception:
+                pass
         return 1.0
 
     def text(response, answer):
@@ -162,7 +176,7 @@ def test_a_hung_call_is_killed_at_its_deadline_and_the_others_go_on(reward_file)
 
 @pytest.mark.parametrize("name,why", [("raises", "ValueError: cannot grade bad"),
                                        ("nan", "its score is nan, not a finite number"),
-                                       ("dies", "the reward process exited with code 3")])
+                                       ("dies", "the reward process died mid-call (signal 9)")])
 def test_on_error_fail_names_the_function_and_row(reward_file, name, why):
     scorer = RewardScorer(_Cfg(reward_fn=f"{reward_file}:{name}", on_error="fail"))
     try:
@@ -175,7 +189,9 @@ def test_on_error_fail_names_the_function_and_row(reward_file, name, why):
 
 
 @pytest.mark.parametrize("name,why", [("exits", "it called sys.exit(0) (SystemExit)"),
-                                      ("interrupts", "it raised KeyboardInterrupt")])
+                                      ("interrupts", "it raised KeyboardInterrupt"),
+                                      ("os_exits", "it called os._exit(3)"),
+                                      ("os_exits_caught", "it called os._exit(0)")])
 @pytest.mark.parametrize("workers", [0, 1])
 def test_a_reward_that_tries_to_exit_ends_the_run_naming_it(reward_file, name, why, workers):
     """Whatever data.reward_on_error says, in the driver or in a reward process."""
