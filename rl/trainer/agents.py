@@ -4,10 +4,12 @@ run's `api_key`) and returns its reward; the calls it made become the episode's 
 which train as multi-turn episodes do (the loss on sampled tokens only).
 
 Held to the standard of reward functions and environments: the function is checked before anything starts (it
-imports, is async, takes three arguments), the episodes of a batch run side by side as coroutines of one event loop
-(so each turn's calls reach the engine together), each within environment.agent_timeout_s, and an agent that
-raises, hangs, returns no number or a non-finite one is named with its row; data.reward_on_error says whether that
-ends the run (`fail`) or scores the episode 0 (`zero`).
+imports, is async, takes three arguments), the episodes of a batch run side by side, each on a thread and an event
+loop of its own (a blocking call stalls only its episode; the endpoint still gathers each turn's calls into one
+engine call), each within environment.agent_timeout_s, and an agent that raises, hangs (blocked included: named with
+the line it is stuck on), returns no number or a non-finite one is named with its row; data.reward_on_error says
+whether that ends the run (`fail`) or scores the episode 0 (`zero`). An agent that tries to end the process
+(sys.exit, os._exit, KeyboardInterrupt) ends the run, named, whatever data.reward_on_error says.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import asyncio
 import inspect
 import logging
 import math
+import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -108,6 +113,85 @@ def episode_reward(value: Any) -> tuple[float, dict[str, float]]:
     return float(value), extra
 
 
+ABANDON_GRACE_S = 1.0
+"""How long past environment.agent_timeout_s an episode's thread may still run (asyncio's own cancellation at the
+deadline ends an agent that awaits) before it is taken to be blocked in a synchronous call and abandoned."""
+
+
+class _Fatal(Exception):
+    """An agent tried to end the process: the run ends whatever data.reward_on_error says."""
+
+
+class _EpisodeThread:
+    """One episode on a daemon thread with its own event loop: its endpoint episode, its result (reward, extra
+    numbers, what failed or ""), and its recorded calls once closed."""
+
+    def __init__(self, agents: AgentEpisodes, record: PromptRecord, sample: int, generate, params):
+        self.agents, self.record, self.sample = agents, record, sample
+        self.episode_id, self.base_url = agents.endpoint.open_episode(generate, params)
+        self.result: tuple[float, dict, str] = (0.0, {}, "")
+        self.fatal, self.calls, self.closed = False, [], False
+        self.done = threading.Event()
+        self.deadline: float | None = None
+        self.thread = threading.Thread(target=self._play, daemon=True,
+                                       name=f"agent {describe_row(record)} sample {sample}")
+
+    def start(self) -> None:
+        timeout = self.agents.timeout_s
+        self.deadline = None if timeout is None else time.monotonic() + timeout + ABANDON_GRACE_S
+        self.thread.start()
+
+    def _play(self) -> None:
+        try:
+            self.result = asyncio.run(self.agents._call_agent(self.base_url, self.record, self.sample))
+        except _Fatal as error:
+            self.result, self.fatal = (0.0, {}, str(error)), True
+        except BaseException as error:  # whatever ends this thread is the episode's failure
+            self.result = (0.0, {}, f"raised {exit_text(error)}")
+        finally:
+            self.done.set()
+
+    def abandon(self) -> None:
+        """Past its deadline and still running: blocked in a synchronous call, which no cancellation reaches."""
+        where = blocked_at(self.thread, self.agents.agent)
+        self.result = (0.0, {}, f"did not finish within environment.agent_timeout_s={self.agents.timeout_s} s, "
+                                f"blocked{where} (a synchronous call in an async agent: use asyncio.sleep and "
+                                "async clients, or asyncio.to_thread)")
+        self.done.set()
+        self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed, self.calls = True, self.agents.endpoint.close_episode(self.episode_id)
+
+    def error_line(self) -> str:
+        """What failed, naming the agent, the row and the sample; "" when the episode succeeded."""
+        if not self.result[2]:
+            return ""
+        where = f"{KEY}={self.agents.reference} on {describe_row(self.record)} (sample {self.sample})"
+        return f"{where}: {self.result[2]}" if self.fatal else f"{where} {self.result[2]}"
+
+    def failure_line(self) -> str:
+        """The line that ends the run: a fatal exit as it is, another failure with data.reward_on_error's way on."""
+        if self.fatal:
+            return self.error_line()
+        return f"{self.error_line()} (or set data.reward_on_error=zero to score such episodes 0 and go on)"
+
+
+def blocked_at(thread: threading.Thread, agent: Callable) -> str:
+    """" at FILE:LINE in FUNCTION": the innermost line of the agent's own file that `thread` is running, else its
+    innermost line; "" when the thread has ended."""
+    frame = sys._current_frames().get(thread.ident)
+    agent_file = getattr(getattr(agent, "__code__", None), "co_filename", None)
+    innermost = frame
+    while frame is not None and frame.f_code.co_filename != agent_file:
+        frame = frame.f_back
+    frame = frame or innermost
+    if frame is None:
+        return ""
+    return f" at {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
 class AgentEpisodes:
     """The run's agent side: the endpoint, the agent function, and `Episodes`' interface (`run`, `rewards`) so
     the loop treats agent episodes as it treats an environment's."""
@@ -117,6 +201,7 @@ class AgentEpisodes:
         self.agent, self.endpoint, self.reference = agent, endpoint, reference
         self.on_error, self.timeout_s = on_error, timeout_s
         self.batches = 0
+        self.stopping = threading.Event()
 
     @classmethod
     def from_config(cls, cfg, tokenizer, model_path: str) -> AgentEpisodes:
@@ -145,25 +230,33 @@ class AgentEpisodes:
         self.endpoint.version = version
 
     def close(self) -> None:
-        self.endpoint.close()
+        """Ends a batch in flight (its episodes abandoned) and the endpoint; once."""
+        if not self.stopping.is_set():
+            self.stopping.set()
+            self.endpoint.close()
 
     def run(self, generate, records, prompts: list[list[int]], params) -> list[AgentTrajectory]:
         """`params.n` agent episodes per record, side by side; their trajectories, prompt-major. `prompts` (the
         encoded prompts) are not used: an agent writes its own requests."""
         self.batches += 1
         jobs = [(p, s) for p in range(len(records)) for s in range(params.n)]
+        episodes = [_EpisodeThread(self, records[p], s, generate, params) for p, s in jobs]
         try:
-            results = asyncio.run(self._play_all(records, jobs, generate, params))
+            self._play_all(episodes)
         finally:
+            for episode in episodes:
+                episode.close()
             engine_error, self.endpoint.batcher.error = self.endpoint.batcher.error, None
             if engine_error is not None:  # the engine failed, not the agents that saw its 500s
                 raise engine_error
         trajectories: list[AgentTrajectory] = []
         failures = []
-        for episode, ((p, s), (calls, reward, extra, error)) in enumerate(zip(jobs, results, strict=True)):
+        for index, ((p, s), episode) in enumerate(zip(jobs, episodes, strict=True)):
+            reward, extra, _ = episode.result
+            error = episode.error_line()
             if error:
                 failures.append(error)
-            made = trajectories_of(calls, p, s, episode)
+            made = trajectories_of(episode.calls, p, s, index)
             for trajectory in made:
                 trajectory.reward, trajectory.metrics, trajectory.error = reward, extra, error
                 if error:
@@ -176,42 +269,39 @@ class AgentEpisodes:
                                "is given")
         return trajectories
 
-    async def _play_all(self, records, jobs, generate, params) -> list[tuple[list, float, dict, str]]:
-        """Every episode at once (their calls of a turn then go to the engine together); the engine calls run here,
-        on this thread, while the agents wait for their replies."""
+    def _play_all(self, episodes: list[_EpisodeThread]) -> None:
+        """Every episode at once, each on a thread and an event loop of its own (a blocking call in one stalls no
+        other, nor this thread); the engine calls run here while the agents wait for their replies. An episode
+        still running past its deadline is abandoned (a thread cannot be stopped) and named with the line it is
+        blocked on; with data.reward_on_error=fail the first failed episode ends the batch."""
         batcher = self.endpoint.batcher
-        episodes = asyncio.gather(*(self._play(records[p], s, generate, params) for p, s in jobs))
-        while not episodes.done():
-            taken = await asyncio.to_thread(batcher.take, 0.1)
+        for episode in episodes:
+            episode.start()
+        while True:
+            running = [e for e in episodes if not e.done.is_set()]
+            for episode in episodes:
+                if episode.done.is_set() and episode.result[2] and (episode.fatal or self.on_error == "fail"):
+                    raise EpisodeError(episode.failure_line())
+            if not running:
+                return
+            if self.stopping.is_set():
+                raise EpisodeError(f"{KEY}={self.reference}: the run ended while {len(running)} episode(s) played")
+            taken = batcher.take(0.1)
             if taken:
                 batcher.run(taken)
-        return await episodes
-
-    async def _play(self, record: PromptRecord, sample: int, generate, params) -> tuple[list, float, dict, str]:
-        """(the episode's recorded calls, its reward, extra numbers, what failed or "")."""
-        episode_id, base_url = self.endpoint.open_episode(generate, params)
-        try:
-            reward, extra, problem = await self._call_agent(base_url, record, sample)
-        finally:
-            calls = self.endpoint.close_episode(episode_id)
-        if not problem:
-            return calls, reward, extra, ""
-        line = f"{KEY}={self.reference} on {describe_row(record)} (sample {sample}) {problem}"
-        if self.on_error == "fail":
-            raise EpisodeError(f"{line} (or set data.reward_on_error=zero to score such episodes 0 and go on)")
-        return calls, 0.0, {}, line
+            now = time.monotonic()
+            for episode in running:
+                if episode.deadline is not None and now > episode.deadline and not episode.done.is_set():
+                    episode.abandon()
 
     async def _call_agent(self, base_url: str, record: PromptRecord, sample: int) -> tuple[float, dict, str]:
         """(reward, extra numbers, "") or (0, {}, what went wrong)."""
         try:
-            with exits_as_errors():
-                value = await asyncio.wait_for(self.agent(base_url, row_of(record), self.endpoint.api_key),
-                                               self.timeout_s)
+            value = await asyncio.wait_for(self._guarded(base_url, row_of(record)), self.timeout_s)
             reward, extra = episode_reward(value)
             return reward, extra, ""
         except UserExit as error:  # trying to end the process ends the run, whatever data.reward_on_error says
-            raise EpisodeError(f"{KEY}={self.reference} on {describe_row(record)} (sample {sample}): "
-                               f"{error}") from None
+            raise _Fatal(str(error)) from None
         except TimeoutError:
             return 0.0, {}, (f"did not finish within environment.agent_timeout_s={self.timeout_s} s; make the "
                              "agent faster or raise environment.agent_timeout_s")
@@ -219,6 +309,12 @@ class AgentEpisodes:
             return 0.0, {}, str(error)
         except Exception as error:
             return 0.0, {}, f"raised {exit_text(error)}"
+
+    async def _guarded(self, base_url: str, row: dict[str, Any]) -> Any:
+        """The agent's coroutine with its exits made errors inside it: a SystemExit leaving an asyncio task is
+        re-raised by the event loop itself, past any handler outside the task."""
+        with exits_as_errors():
+            return await self.agent(base_url, row, self.endpoint.api_key)
 
     @staticmethod
     def _report(failures: list[str], count: int) -> None:

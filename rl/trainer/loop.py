@@ -339,13 +339,16 @@ class Trainer:
         """How the rollout queue generates a batch: one engine call, or the batch's episodes in a thread."""
         if self.episodes is None:
             return SingleTurnJobs(self.engine)
-        return EpisodeJobs(self.engine, self.episodes, self.cfg.trainer.fully_async.max_staleness_steps + 1)
+        return EpisodeJobs(self.engine, self.episodes)
 
     def close(self) -> None:
         if self.rewards is not None:
             self.rewards.close()
         if getattr(self, "rollout_queue", None) is not None:
             self.rollout_queue.close()
+        close_episodes = getattr(self.episodes, "close", None)
+        if close_episodes is not None:  # the agents' endpoint
+            close_episodes()
 
     def save_checkpoint(self, step: int) -> None:
         staging = checkpoint.staging_dir(self.ckpt_root, step)

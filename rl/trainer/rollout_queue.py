@@ -20,10 +20,11 @@ drawn again after a resume.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,11 +60,14 @@ class SingleTurnJobs:
 
 class EpisodeJobs:
     """A batch's multi-turn episodes (`Episodes.run`), played in a thread of their own while the driver trains;
-    every turn's engine call reports its version, and the batch's versions are those of all its turns."""
+    every turn's engine call reports its version, and the batch's versions are those of all its turns.
 
-    def __init__(self, engines, episodes, max_batches: int):
+    The threads are daemons, not an executor's: the interpreter joins an executor's threads on its way out, and an
+    episode blocked in user code (an environment or agent without a deadline) would then hold the process after a
+    Ctrl-C. The queue itself keeps at most max_staleness_steps + 1 batches in flight."""
+
+    def __init__(self, engines, episodes):
         self.engines, self.episodes = engines, episodes
-        self.threads = ThreadPoolExecutor(max_workers=max_batches, thread_name_prefix="episodes")
 
     def submit(self, batch: PromptBatch, prompts: list[list[int]], params, images: list | None = None) -> Future:
         if images:
@@ -75,13 +79,28 @@ class EpisodeJobs:
             versions.extend(seen)
             return rollouts
 
-        return self.threads.submit(lambda: (versions, self.episodes.run(generate, batch.records, prompts, params)))
+        return in_daemon_thread(lambda: (versions, self.episodes.run(generate, batch.records, prompts, params)),
+                                "episodes")
 
     def collect(self, pending: Future) -> tuple[list[int], list]:
         return pending.result()
 
     def close(self) -> None:
-        self.threads.shutdown(wait=False, cancel_futures=True)
+        pass  # a batch in flight ends with the run's episodes (`Trainer.close`); its thread does not hold the exit
+
+
+def in_daemon_thread(work: Callable[[], Any], name: str) -> Future:
+    """`work()` on a daemon thread of its own; its result or exception in the future."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work())
+        except BaseException as error:  # the future carries it to whoever collects the batch
+            future.set_exception(error)
+
+    threading.Thread(target=run, daemon=True, name=name).start()
+    return future
 
 
 class RolloutQueue:

@@ -293,6 +293,63 @@ def test_a_hanging_agent_is_scored_zero_with_reward_on_error_zero(tokenizer, end
     assert episodes.rewards(trajectories)[1]["reward_errors"] == 1.0
 
 
+@pytest.mark.parametrize("statement,why", [
+    ("sys.exit(0)", "it called sys.exit(0) (SystemExit)"),
+    ("os._exit(0)", "it called os._exit(0)"),
+    ("raise KeyboardInterrupt", "it raised KeyboardInterrupt"),
+])
+def test_an_agent_that_tries_to_exit_ends_the_batch_named_whatever_the_concurrency(tokenizer, endpoint, monkeypatch,
+                                                                                    statement, why):
+    """Eight episodes at once, every one exiting after its first reply, with data.reward_on_error=zero and a
+    deadline (under which asyncio runs the agent as a task of its own): the batch ends with the first one named
+    (before, the other episodes' SystemExit left the event loop and the launcher exited 0; os._exit ended the
+    process)."""
+    import os
+    import sys
+
+    import rl.trainer.agents as agents_module
+
+    async def agent(base_url, row, api_key):
+        async with httpx.AsyncClient(headers=bearer(api_key)) as client:
+            await client.post(f"{base_url}/chat/completions", json={"messages": row["prompt"]})
+        exec(statement, {"os": os, "sys": sys})
+        return 1.0
+
+    monkeypatch.setattr(agents_module, "load_object", lambda reference, key: agent)
+    with pytest.raises(EpisodeError) as error:
+        agents(endpoint, "my.py:run", on_error="zero", timeout_s=30.0).run(
+            ScriptedEngine(tokenizer), [record(i, 1, i) for i in range(4)], [[]] * 4,
+            SamplingParams(n=2, max_new_tokens=12))
+    assert re.fullmatch(rf"environment\.agent_fn=my\.py:run on train\.jsonl row \d \(sample \d\): {re.escape(why)}; "
+                        "user code may not end the run, raise an exception instead", str(error.value)), error.value
+
+
+def test_a_blocked_agent_is_abandoned_at_its_deadline_naming_its_line(tokenizer, endpoint, monkeypatch, capsys):
+    """A synchronous sleep in an async agent stalls only its own episode: the other finishes, the blocked one is
+    scored 0 (data.reward_on_error=zero) a grace second past environment.agent_timeout_s, named with the line."""
+    import rl.trainer.agents as agents_module
+
+    async def agent(base_url, row, api_key):
+        async with httpx.AsyncClient(headers=bearer(api_key)) as client:
+            await client.post(f"{base_url}/chat/completions", json={"messages": row["prompt"]})
+        if row["index"] == 1:
+            time.sleep(60)
+        return 1.0
+
+    blocking_line = agent.__code__.co_firstlineno + 4
+    monkeypatch.setattr(agents_module, "load_object", lambda reference, key: agent)
+    episodes = agents(endpoint, "my.py:run", on_error="zero", timeout_s=1.0)
+    started = time.monotonic()
+    trajectories = episodes.run(ScriptedEngine(tokenizer), [record(1, 2, 0), record(3, 4, 1)], [[], []],
+                                SamplingParams(n=1, max_new_tokens=12))
+    took = time.monotonic() - started
+    assert [(t.reward, t.finish_reason) for t in trajectories] == [(1.0, "stop"), (0.0, "error")]
+    assert took < 30, f"the blocked episode held the batch {took:.1f} s"
+    printed = capsys.readouterr().out
+    assert (f"environment.agent_fn=my.py:run on train.jsonl row 1 (sample 0) did not finish within "
+            f"environment.agent_timeout_s=1.0 s, blocked at {__file__}:{blocking_line} in agent") in printed, printed
+
+
 async def two_turn_agent(base_url: str, row: dict, api_key: str) -> float:
     client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120.0)
     messages = list(row["prompt"])

@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import textwrap
 import time
 
 import pytest
@@ -134,3 +135,48 @@ def _processes(pids) -> list[str]:
         except FileNotFoundError:
             pass
     return found
+
+
+def test_ctrl_c_ends_a_run_whose_agent_is_blocked(tmp_path):
+    """An agent that calls the endpoint with a synchronous client, then sleeps synchronously with no deadline
+    (environment.agent_timeout_s unset), holds only its own thread: its call is answered, and a terminal's Ctrl-C
+    ends the run within seconds, naming the step (before, the synchronous call blocked the event loop that serves
+    the calls, and the run ignored SIGINT)."""
+    agent = tmp_path / "stuck_agent.py"
+    agent.write_text(textwrap.dedent("""
+        import time
+
+        import httpx
+
+
+        async def run(base_url, row, api_key):
+            reply = httpx.post(f"{base_url}/chat/completions", json={"messages": row["prompt"]},
+                               headers={"Authorization": f"Bearer {api_key}"}, timeout=600)
+            reply.raise_for_status()
+            print("agent: answered", flush=True)
+            time.sleep(600)
+            return 0.0
+    """))
+    run_dir = str(tmp_path / "run")
+    log = open(tmp_path / "launcher.log", "w+")  # noqa: SIM115  (read during the run, closed below)
+    overrides = [*make_tiny_job(str(tmp_path / "job")).overrides(steps=2), f"environment.agent_fn={agent}:run",
+                 "generator.enable_http_endpoint=true", "generator.http_endpoint_port=0",
+                 # the episodes play in the rollout queue's thread, which the driver stops on its way out
+                 "trainer.placement.colocate_all=false", "trainer.fully_async.enabled=true"]
+    proc = start_train(run_dir, overrides, output=log)
+    try:
+        deadline = time.monotonic() + 300
+        while "agent: answered" not in open(tmp_path / "launcher.log").read():  # noqa: SIM115
+            assert proc.poll() is None and time.monotonic() < deadline, "no agent's synchronous call was answered"
+            time.sleep(0.5)
+        time.sleep(2)  # every episode asleep in its agent
+        os.killpg(proc.pid, signal.SIGINT)
+        interrupted = time.monotonic()
+        assert proc.wait(timeout=60) == 130
+        assert time.monotonic() - interrupted < 20
+        log.seek(0)
+        last = log.read().strip().splitlines()[-1]
+        assert last == "interrupted at step 1; no complete checkpoint yet", last  # the first step never ends
+    finally:
+        kill_group(proc.pid)
+        log.close()

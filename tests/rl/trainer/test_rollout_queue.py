@@ -46,7 +46,7 @@ def _batch(index: int) -> PromptBatch:
 
 def _queue(episodes, engines, bound: int) -> RolloutQueue:
     drawn = iter(range(100))
-    queue = RolloutQueue(EpisodeJobs(engines, episodes, bound + 2), lambda: _batch(next(drawn)),
+    queue = RolloutQueue(EpisodeJobs(engines, episodes), lambda: _batch(next(drawn)),
                          lambda batch: ([[1, 2]], None), lambda step: None, bound)
     queue.start(1, engine_version=0)
     return queue
