@@ -26,7 +26,8 @@ from rl.trainer.agents import agent_problems
 from rl.trainer.companion_models import companion_model_problems
 from rl.trainer.memory_plan import memory_problems
 from rl.trainer.sources import BUILT_MODELS, EMBEDDED_JOBS
-from rl.trainer.vision_preflight import image_rows_problems, vision_language_problems
+from rl.trainer.weights_preflight import weight_problems
+from rl.trainer.vision_preflight import image_rows_problems, image_size_problems, vision_language_problems
 
 
 def _data_problems(cfg, loaded: dict) -> list[str]:
@@ -50,7 +51,7 @@ def _data_problems(cfg, loaded: dict) -> list[str]:
             found.append(f"{key}: {error}")
             continue
         loaded[key] = dataset
-        found.extend(image_rows_problems(cfg, key, dataset))
+        found.extend(image_rows_problems(cfg, key, dataset) or image_size_problems(cfg, key, dataset))
         if key == "data.train_data":
             found.extend(_training_rows_problems(cfg, dataset))
     return found
@@ -116,7 +117,7 @@ def _model_path_problems(key: str, path: str) -> list[str]:
                 "weights, tokenizer) or at a hub name such as Qwen/Qwen2.5-0.5B-Instruct"]
     if not os.path.isfile(os.path.join(local, "config.json")):
         return [f"{key}: {path} holds no config.json; point it at a Hugging Face model directory"]
-    return []
+    return weight_problems(key, local)
 
 
 def _model_problems(cfg) -> list[str]:

@@ -69,3 +69,58 @@ def image_rows_problems(cfg, key: str, dataset) -> list[str]:
     return [f"{key}: {first.where} has {len(first.images)} image(s) ({rows} row(s) with images), but "
             f"trainer.policy.model.path {cfg.trainer.policy.model.path} is a text model: point it at a "
             "vision-language model (Qwen2-VL, Qwen2.5-VL), or drop the image column"]
+
+
+SHOWN_IMAGE_PROBLEMS = 5
+
+
+def image_processor(path: str):
+    """The policy's image processor, as its engine builds it (the embedded visual job's own for its model)."""
+    if path == EMBEDDED_VL:
+        from rl.tasks.embedded_vl.model import build_processor
+
+        return build_processor().image_processor
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(path)
+
+
+def image_size_problems(cfg, key: str, dataset) -> list[str]:
+    """Images the policy's processor would refuse (Qwen2-VL's: an aspect ratio above 200), each named by its row,
+    found from the images' headers before anything starts (the processor raises in the engine, after Ray)."""
+    if not model_kind(cfg.trainer.policy.model.path) or not any(record.images for record in dataset):
+        return []
+    import io
+    import sys
+
+    from PIL import Image
+
+    path = cfg.trainer.policy.model.path
+    try:
+        processor = image_processor(path)
+    except (OSError, ValueError) as error:
+        return [f"trainer.policy.model.path: {path} is a vision-language model, but its image processor does not "
+                f"load ({type(error).__name__}: {str(error).splitlines()[0]}); {key} holds images: save the model's "
+                "processor beside it (processor.save_pretrained, which writes preprocessor_config.json)"]
+    settings = processor.to_dict()
+    size = settings.get("size") or {}
+    factor = settings.get("patch_size", 14) * settings.get("merge_size", 2)
+    low = size.get("shortest_edge") or settings.get("min_pixels") or 56 * 56
+    high = size.get("longest_edge") or settings.get("max_pixels") or 14 * 14 * 4 * 1280
+    resize = getattr(sys.modules[type(processor).__module__], "smart_resize", None)
+    if resize is None:
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize as resize
+    found = []
+    for record in dataset:
+        for number, data in enumerate(record.images):
+            with Image.open(io.BytesIO(data)) as image:
+                width, height = image.size
+            try:
+                resize(height, width, factor=factor, min_pixels=low, max_pixels=high)
+            except ValueError as error:
+                found.append(f"{key}: {record.where} image {number}: {width} x {height} pixels, which "
+                             f"{type(processor).__name__} refuses ({error}); crop or pad it")
+    if len(found) > SHOWN_IMAGE_PROBLEMS:
+        more = len(found) - SHOWN_IMAGE_PROBLEMS
+        found = [*found[:SHOWN_IMAGE_PROBLEMS], f"{key}: and {more} more image(s) the processor refuses"]
+    return found

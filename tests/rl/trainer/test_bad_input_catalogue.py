@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
+from safetensors.torch import save_file
 
 import rl.backends.registry  # noqa: F401  (the strategies the config names)
 from tests.testing.bad_configs import BAD, MEGATRON, Bad
@@ -36,7 +39,8 @@ class BadFile:
 # Placeholders: {tmp} a fresh directory, {data} a good 6-row prompt file, {model} a model directory whose config has
 # 14 attention heads, 2 key/value heads and 6 layers, {file} a regular file, {notckpt} a directory that is no
 # checkpoint, {tokmodel} a model directory with the embedded tokenizer and 64 positions (no weights: the checks read
-# the config and the tokenizer), {vlmodel} a vision-language model's config. Each prompt of {data}, "What is 0 + 1?",
+# the config and the tokenizer), {vlmodel} a vision-language model's config, {sharded} {model}'s config with an index
+# of two shards and one of them, {reshaped} {model}'s config with an embedding of another shape. Each prompt of {data}, "What is 0 + 1?",
 # is 10 of its tokens.
 ON_DATA = ["trainer.policy.model.path={tokmodel}", "data.train_data=['{data}']", "trainer.train_batch_size=4",
            "trainer.policy_mini_batch_size=4"]
@@ -47,6 +51,13 @@ MACHINE = {
                              ("is not a directory",)),
     "model_without_config": Bad(["trainer.policy.model.path={tmp}"], "trainer.policy.model.path",
                                 ("no config.json",)),
+    "model_without_weights": Bad(["trainer.policy.model.path={tokmodel}"], "trainer.policy.model.path",
+                                 ("holds config.json but no weights", "interrupted download")),
+    "model_shard_missing": Bad(["trainer.policy.model.path={sharded}"], "trainer.policy.model.path",
+                               ("lacks 1 of the 2 weight files", "model-00002-of-00002.safetensors")),
+    "model_weights_of_another_shape": Bad(["trainer.policy.model.path={reshaped}"], "trainer.policy.model.path",
+                                          ("model.embed_tokens.weight is [10, 8], config.json builds [64, 56]",
+                                           "restore the config.json")),
     "vision_language_model_on_megatron": Bad(
         ["trainer.policy.model.path={vlmodel}", "trainer.strategy=megatron"], "trainer.strategy",
         ("is megatron", "is a vision-language model (Qwen2VLForConditionalGeneration)", "deepspeed, fsdp, fsdp2 take")),
@@ -201,6 +212,11 @@ DATA = {
     "parquet_image_too_large": BadData(
         "a.parquet", {"prompt": ["<image> q"], "answer": ["1"], "images": [[{"bytes": HUGE_PNG}]]},
         ("row 0: images[0]", "4097 x 4096 pixels", "scale it down")),
+    "parquet_image_aspect_ratio_over_200": BadData(  # the processor's own limit, found before Ray
+        "a.parquet", {"prompt": [[{"role": "user", "content": "<image> q"}]] * 2, "answer": ["1", "2"],
+                      "images": [[{"bytes": PNG}], [{"bytes": _png(4000, 14)}]]},
+        ("row 1 image 0", "4000 x 14 pixels", "absolute aspect ratio must be smaller than 200", "crop or pad it"),
+        overrides=("trainer.policy.model.path=embedded-vl",)),
     "jsonl_image_path_missing": BadData("a.jsonl", _lines({"prompt": "<image> q", "answer": "1",
                                                            "images": ["no-such.png"]}),
                                         ("line 1: images[0]", "cannot read the image file")),
@@ -252,8 +268,18 @@ def places(tmp_path, tokenizer_model) -> dict[str, str]:
     (vlmodel / "config.json").write_text(json.dumps({
         "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"],
         "text_config": {"hidden_size": 64}, "vision_config": {"depth": 2}}))
+    sharded, reshaped = tmp_path / "sharded", tmp_path / "reshaped"
+    for folder in (sharded, reshaped):
+        folder.mkdir()
+        shutil.copy(model / "config.json", folder / "config.json")
+    shards = [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)]
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.embed_tokens.weight": shards[0], "lm_head.weight": shards[1]}}))
+    save_file({"model.embed_tokens.weight": torch.zeros(64, 56)}, str(sharded / shards[0]))
+    save_file({"model.embed_tokens.weight": torch.zeros(10, 8)}, str(reshaped / "model.safetensors"))
     return {"tmp": str(tmp_path / "scratch"), "data": str(data), "model": str(model), "file": str(data),
-            "notckpt": str(tmp_path / "notckpt"), "tokmodel": tokenizer_model, "vlmodel": str(vlmodel)}
+            "notckpt": str(tmp_path / "notckpt"), "tokmodel": tokenizer_model, "vlmodel": str(vlmodel),
+            "sharded": str(sharded), "reshaped": str(reshaped)}
 
 
 @pytest.fixture(autouse=True)
