@@ -26,8 +26,8 @@ from rl.trainer.agents import agent_problems
 from rl.trainer.companion_models import companion_model_problems
 from rl.trainer.memory_plan import memory_problems
 from rl.trainer.sources import BUILT_MODELS, EMBEDDED_JOBS
-from rl.trainer.weights_preflight import weight_problems
 from rl.trainer.vision_preflight import image_rows_problems, image_size_problems, vision_language_problems
+from rl.trainer.weights_preflight import weight_problems
 
 
 def _data_problems(cfg, loaded: dict) -> list[str]:
