@@ -76,9 +76,9 @@ def gpu_memory(cfg) -> tuple[float | None, str]:
     return device_memory()
 
 
-def plan_inputs(cfg, gpu_bytes: float | None = None) -> PlanInputs | None:
+def plan_inputs(cfg, gpu_bytes: float | None = None, on_gpu: bool = True) -> PlanInputs | None:
     """The planner's inputs for `cfg`, or None when the policy's config.json cannot be read here. `gpu_bytes`
-    defaults to `gpu_memory(cfg)`."""
+    defaults to `gpu_memory(cfg)`; `on_gpu=False` plans CPU worker processes."""
     policy = model_config(cfg.trainer.policy.model.path)
     if policy is None:
         return None
@@ -90,9 +90,9 @@ def plan_inputs(cfg, gpu_bytes: float | None = None) -> PlanInputs | None:
             others[role] = shape_from_config(other, f"{path}/config.json") if other else None
     except ShapeError:
         return None
-    if gpu_bytes is None:
+    if gpu_bytes is None and on_gpu:
         gpu_bytes, _ = gpu_memory(cfg)
-    return inputs_from_config(cfg, shape, gpu_bytes, others["ref"], others["critic"])
+    return inputs_from_config(cfg, shape, gpu_bytes, others["ref"], others["critic"], on_gpu=on_gpu)
 
 
 def resolve_auto(tree: dict[str, Any]) -> dict[str, Any]:
@@ -125,6 +125,54 @@ def memory_problems(cfg) -> list[str]:
         key = "kv_cache_memory_bytes" if cfg.generator.kv_cache_memory_bytes is not None else "gpu_memory_utilization"
         return [f"generator.{key}: {current.engine_problem}"]
     return [] if current.fits(gpu) else [_refusal(cfg, inputs, current, gpu, source)]
+
+
+def host_memory_problems(cfg, root: str = "/") -> list[str]:
+    """Preflight's check on a machine without GPUs, where every training worker is a process of this host: the
+    planner's peak per worker (planned for CPU processes: fp32 unless trainer.bf16) times the workers, against the
+    memory this host has available (its cgroup's limit where lower), unless trainer.placement.allow_predicted_oom.
+    `root`: where /proc and /sys are (a test's copy)."""
+    if cfg.trainer.placement.allow_predicted_oom:
+        return []
+    inputs = plan_inputs(cfg, None, on_gpu=False)
+    if inputs is None:
+        return []
+    current = configured(cfg, inputs)
+    if current.excluded or current.engine_problem:
+        return []  # the config's own checks, and the engine's memory check, name those
+    need = current.peak * inputs.world
+    available, where = host_available(root)
+    if need <= available:
+        return []
+    return [f"trainer.strategy: {current.label} on this machine's CPUs is predicted to need {gib(current.peak)} GiB "
+            f"per worker at its peak ({current.phase}; {breakdown(current)}), {gib(need)} GiB for its "
+            f"{inputs.world} worker{'s' if inputs.world > 1 else ''}, more than the {gib(available)} GiB available "
+            f"({where}); train a smaller model, LoRA adapters (trainer.policy.model.lora.rank), fewer workers "
+            "(trainer.placement.policy_num_gpus_per_node), run on GPUs, or set "
+            f"{ESCAPE}=true to run anyway"]
+
+
+def host_available(root: str = "/") -> tuple[float, str]:
+    """(bytes this host can still give, where the figure comes from): MemAvailable, or the cgroup's limit less
+    its usage where that is lower (cgroup v2, then v1)."""
+    available, where = None, "MemAvailable of /proc/meminfo"
+    with open(os.path.join(root, "proc/meminfo"), encoding="ascii") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                available = float(line.split()[1]) * 1024
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            with open(os.path.join(root, "sys/fs/cgroup", limit_file)) as f:
+                limit = f.read().strip()
+            with open(os.path.join(root, "sys/fs/cgroup", usage_file)) as f:
+                usage = float(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit != "max" and float(limit) < 2**60 and float(limit) - usage < (available or float("inf")):
+            available, where = float(limit) - usage, f"the cgroup's {limit_file} less its usage"
+        break
+    return (available if available is not None else float("inf")), where
 
 
 def _refusal(cfg, inputs: PlanInputs, current: Estimate, gpu: float, source: str) -> str:

@@ -396,6 +396,16 @@ def _engine_memory_problems(cfg, ray_address: str | None) -> list[str]:
     return engine_memory_problems(cfg, model, on_cpu)
 
 
+def _host_memory_problems(cfg, ray_address: str | None) -> list[str]:
+    """On a machine without GPUs whose Ray is its own: the planner's estimate against the host's memory."""
+    placement = cfg.trainer.placement
+    if torch.cuda.is_available() or placement.gpu_memory_gb is not None or not _on_this_machine(ray_address):
+        return []
+    from rl.trainer.memory_plan import host_memory_problems
+
+    return host_memory_problems(cfg)
+
+
 def _placement_problems(cfg, ray_address: str | None) -> list[str]:
     from rl.trainer.placement import fit_problems, machine_cores
 
@@ -411,7 +421,7 @@ def preflight(cfg, ray_address: str | None = None) -> None:
                 *_prompt_room_problems(cfg, loaded), *_prompt_length_problems(cfg, loaded), *agent_problems(cfg),
                 *_resume_problems(cfg), *_writable_problems(cfg), *_kernel_problems(cfg, ray_address),
                 *_weight_sync_problems(cfg, ray_address), *_engine_kwargs_problems(cfg),
-                *_engine_memory_problems(cfg, ray_address),
+                *_engine_memory_problems(cfg, ray_address), *_host_memory_problems(cfg, ray_address),
                 *_placement_problems(cfg, ray_address), *companion_model_problems(cfg), *memory_problems(cfg),
                 *vision_language_problems(cfg)]
     if problems:

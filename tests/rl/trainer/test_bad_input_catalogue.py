@@ -39,9 +39,9 @@ class BadFile:
 # Placeholders: {tmp} a fresh directory, {data} a good 6-row prompt file, {model} a model directory whose config has
 # 14 attention heads, 2 key/value heads and 6 layers, {file} a regular file, {notckpt} a directory that is no
 # checkpoint, {tokmodel} a model directory with the embedded tokenizer and 64 positions (no weights: the checks read
-# the config and the tokenizer), {vlmodel} a vision-language model's config, {sharded} {model}'s config with an index
-# of two shards and one of them, {reshaped} {model}'s config with an embedding of another shape. Each prompt of {data}, "What is 0 + 1?",
-# is 10 of its tokens.
+# the config and the tokenizer), {vlmodel} a vision-language model's config, {sharded} {model}'s config with an
+# index of two shards and one of them, {reshaped} {model}'s config with an embedding of another shape. Each prompt
+# of {data}, "What is 0 + 1?", is 10 of its tokens.
 ON_DATA = ["trainer.policy.model.path={tokmodel}", "data.train_data=['{data}']", "trainer.train_batch_size=4",
            "trainer.policy_mini_batch_size=4"]
 MEGATRON_ON_4 = ["trainer.strategy=megatron", "trainer.policy.model.path={model}",

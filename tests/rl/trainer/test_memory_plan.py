@@ -11,7 +11,7 @@ import yaml
 
 import rl.backends.registry  # noqa: F401
 from rl.core.config import ConfigError, load_config, save_config
-from rl.trainer.memory_plan import memory_problems, resolve_auto
+from rl.trainer.memory_plan import host_memory_problems, memory_problems, resolve_auto
 from rl.trainer.preflight import preflight
 from tests.testing.model_configs import LLAMA2_70B, MIXTRAL_8X7B, QWEN25_7B, write_config_dir
 
@@ -76,7 +76,10 @@ def test_preflight_refuses_7b_full_fine_tuning_on_24gb(tmp_path):
     assert "trainer.placement.allow_predicted_oom=true" in line
     fixed = _seven_b(tmp_path, *fix.split()[1:])
     assert memory_problems(fixed) == []
-    preflight(fixed)  # nothing else in the way: the refusal was the memory's
+    with pytest.raises(ConfigError) as refused:  # nothing else in the way but the directory's missing weights
+        preflight(fixed)
+    assert [p.split(":")[0] for p in refused.value.problems] == ["trainer.policy.model.path"]
+    assert "holds config.json but no weights" in refused.value.problems[0]
     assert memory_problems(_seven_b(tmp_path, "trainer.placement.allow_predicted_oom=true")) == []
 
 
@@ -328,3 +331,43 @@ def test_the_suggestion_holds_at_least_one_sequence():
                        "generator.max_generate_length=256"])
     [line] = engine_memory_problems(cfg, _embedded_model(), True, {}, NODE)
     assert line.endswith(f"generator.kv_cache_memory_bytes={1 << 20} holds this run's sequences"), line
+
+
+def _host(tmp_path, available_gib: float, cgroup: tuple[int, int] | None = None) -> str:
+    """A root with /proc/meminfo saying `available_gib` and, given, a cgroup v2 (limit, usage) in bytes."""
+    root = tmp_path / "root"
+    (root / "proc").mkdir(parents=True, exist_ok=True)
+    kib = int(available_gib * 2**20)
+    (root / "proc/meminfo").write_text(f"MemTotal: {kib * 2} kB\nMemFree: {kib} kB\nMemAvailable: {kib} kB\n")
+    if cgroup is not None:
+        (root / "sys/fs/cgroup").mkdir(parents=True, exist_ok=True)
+        (root / "sys/fs/cgroup/memory.max").write_text(f"{cgroup[0]}\n")
+        (root / "sys/fs/cgroup/memory.current").write_text(f"{cgroup[1]}\n")
+    return str(root)
+
+
+def test_on_cpu_a_70b_is_refused_against_the_hosts_memory_with_the_figures(tmp_path):
+    """A 23 GiB host without GPUs: Llama-2-70B's 68,976,648,192 fp32 parameters alone are 257 GiB (the planner adds
+    gradients and Adam's two moments), so whatever the planner's breakdown, the need is at least that."""
+    path = write_config_dir(str(tmp_path / "llama70b"), LLAMA2_70B)
+    cfg = load_config([f"trainer.policy.model.path={path}"])
+    [line] = host_memory_problems(cfg, _host(tmp_path, 23))
+    need = float(line.split(" GiB for its 1 worker")[0].rsplit(" ", 1)[1])
+    assert need >= 68_976_648_192 * 4 / 2**30
+    assert line.startswith("trainer.strategy: fsdp2 on this machine's CPUs is predicted to need ")
+    assert "more than the 23.0 GiB available (MemAvailable of /proc/meminfo)" in line
+    assert "trainer.placement.allow_predicted_oom=true" in line
+    escape = load_config([f"trainer.policy.model.path={path}", "trainer.placement.allow_predicted_oom=true"])
+    assert host_memory_problems(escape, _host(tmp_path, 23)) == []
+
+
+def test_on_cpu_the_cgroups_limit_counts_where_it_is_lower(tmp_path):
+    """Qwen2.5-7B's fp32 parameters are 28.4 GiB: they fit 64 GiB of MemAvailable, not a cgroup limited to 24 GiB
+    of which 2 are used; the embedded job fits both."""
+    path = write_config_dir(str(tmp_path / "qwen7b"), QWEN25_7B)
+    seven_b = load_config([f"trainer.policy.model.path={path}", "trainer.policy.model.lora.rank=8"])
+    roomy = _host(tmp_path / "a", 512)
+    assert host_memory_problems(seven_b, roomy) == []
+    [line] = host_memory_problems(seven_b, _host(tmp_path / "b", 512, (24 * 2**30, 2 * 2**30)))
+    assert "more than the 22.0 GiB available (the cgroup's memory.max less its usage)" in line
+    assert host_memory_problems(load_config([]), _host(tmp_path / "c", 1, (2**30, 0))) == []
