@@ -47,7 +47,7 @@ LONG_TAIL_MODES = {
 
 def run_mode(name: str, overrides: list[str], steps: int, root: str) -> dict:
     from rl.core.subprocess_run import run_train
-    from rl.trainer.metrics import read_metrics
+    from rl.trainer.state.metrics import read_metrics
 
     run_dir = os.path.join(root, name)
     done = run_train(run_dir, [*overrides, f"trainer.max_steps={steps}"], threads=1, timeout=3600)

@@ -158,7 +158,7 @@ def run_once(args: argparse.Namespace, job: Job, strategy: str, run_dir: str) ->
         return [], f"timed out after {args.timeout} s\n{tail(error.output, error.stderr)}"
     if proc.returncode != 0:
         return [], f"exit status {proc.returncode}\n{tail(proc.stdout, proc.stderr)}"
-    from rl.trainer.metrics import read_metrics
+    from rl.trainer.state.metrics import read_metrics
 
     path = os.path.join(run_dir, "metrics.jsonl")
     rows = [row for row in read_metrics(path) if "loss" in row] if os.path.exists(path) else []

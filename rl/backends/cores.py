@@ -1,5 +1,5 @@
-"""CPU cores an actor was given by the run's placement (`rl.trainer.placement`): on a machine without GPUs, an engine
-on devices of its own gets cores of its own, and the training workers share the rest. The driver passes them in
+"""CPU cores an actor was given by the run's placement (`rl.trainer.workers.placement`): on a machine without GPUs, an
+engine on devices of its own gets cores of its own, and the training workers share the rest. The driver passes them in
 `RL_CPU_CORES` ("0,1"); the actor pins itself to them and sizes torch's thread pool to them."""
 
 from __future__ import annotations

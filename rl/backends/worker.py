@@ -124,7 +124,7 @@ class TrainingWorker:
 
     def device_key(self) -> str:
         """Where this worker's policy weights live (`shared_weights.device_key`; in an emulated run its slot, which
-        is its rank: `rl.trainer.placement`)."""
+        is its rank: `rl.trainer.workers.placement`)."""
         from rl.core.generation.shared_weights import device_key
 
         return device_key(self.policy.dist.device, self.rank)
@@ -139,8 +139,8 @@ class TrainingWorker:
                       ) -> dict[str, float]:
         """The policy's weights to every engine actor, one bucket at a time, shared by handle (`shared_weights`:
         CUDA IPC on a GPU, /dev/shm on the host): Ray carries only handles and layouts. `feeders[i][k]` is the rank
-        feeding engine i's worker k (`rl.trainer.engine_feeds`; None: rank 0 feeds them all). Collective; returns
-        what was sent (zeros on the other ranks)."""
+        feeding engine i's worker k (`rl.trainer.rollout.engine_feeds`; None: rank 0 feeds them all). Collective;
+        returns what was sent (zeros on the other ranks)."""
         feeders = feeders or tuple((0,) for _ in engines)
         if {rank for ranks in feeders for rank in ranks} == {0}:
             return self._share_from_rank0(engines, bucket_bytes)

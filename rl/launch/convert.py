@@ -39,7 +39,7 @@ def training_checkpoint_to_hf(path: str, out_dir: str, hf_config: str | None, st
     from rl.backends.hf_model import save_hf_checkpoint
     from rl.backends.registry import backend_class
     from rl.core.config.strategies import STRATEGIES
-    from rl.trainer import checkpoint
+    from rl.trainer.state import checkpoint
 
     if not checkpoint.is_complete(path):
         raise ValueError(f"{path} is not a complete training checkpoint (a global_step_N directory with a "

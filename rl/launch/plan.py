@@ -21,7 +21,7 @@ from rl.backends.planner import AUTO, STRATEGY_ORDER, configured, plan, render
 from rl.backends.planner.terms import GIB
 from rl.backends.registry import STRATEGIES
 from rl.core.config import ConfigError, load_config
-from rl.trainer.memory_plan import gpu_memory, plan_inputs, resolve_auto
+from rl.trainer.preflight.memory_plan import gpu_memory, plan_inputs, resolve_auto
 
 PLAN_FLAGS = flags.FlagValues()  # its own flags: the training launcher defines the same names
 flags.DEFINE_string("strategy", None, f"Show one strategy's layouts ({', '.join(STRATEGIES.names())}), or auto: "

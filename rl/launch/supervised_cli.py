@@ -1,6 +1,6 @@
 """What `rl.launch.sft` and `rl.launch.dpo` share: flags, the config (the RL loader for every key but the `sft:` /
 `dpo:` block, `rl.core.config.supervised`), the preflight before anything starts
-(`rl.trainer.supervised_preflight`), the exit codes of `rl.launch.train`."""
+(`rl.trainer.supervised.preflight`), the exit codes of `rl.launch.train`."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def main(section: str, argv: list[str]) -> int:
     from rl.core.data.errors import DataError
     from rl.launch.environment import apply_environment
     from rl.trainer.run import Interrupted
-    from rl.trainer.write_faults import WriteFailed
+    from rl.trainer.state.write_faults import WriteFailed
 
     try:
         args = split_overrides(section, argv[1:], FLAGS.config)
@@ -42,12 +42,12 @@ def main(section: str, argv: list[str]) -> int:
     for note in args.notes:  # what the dialect tables did with the block's keys
         print(note, flush=True)
     if section == "sft":
-        from rl.trainer.sft_loop import run_sft as run
+        from rl.trainer.supervised.sft_loop import run_sft as run
     else:
-        from rl.trainer.dpo_loop import run_dpo as run
+        from rl.trainer.supervised.dpo_loop import run_dpo as run
     try:
         run_dir = run(cfg, args.block, FLAGS.run_dir, FLAGS.ray_address)
-    except ConfigError as error:  # what this machine lacks (rl.trainer.supervised_preflight), found before anything
+    except ConfigError as error:  # what this machine lacks (rl.trainer.supervised.preflight), found before anything
         print(f"invalid configuration:\n{error}", file=sys.stderr)
         return 2
     except DataError as error:

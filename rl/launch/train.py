@@ -11,7 +11,7 @@ from absl import app, flags
 from rl.backends.registry import STRATEGIES
 from rl.core.config import ConfigError, load_config
 from rl.launch.environment import apply_environment
-from rl.trainer.memory_plan import resolve_auto
+from rl.trainer.preflight.memory_plan import resolve_auto
 
 FLAGS = flags.FLAGS
 FSDP1_NOTE = ("trainer.strategy=fsdp is FSDP1 (torch's FullyShardedDataParallel) here; SkyRL's fsdp is FSDP2 "
@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
 
     try:
         run_training(cfg, FLAGS.run_dir, FLAGS.ray_address)
-    except ConfigError as error:  # what this machine lacks (rl.trainer.preflight), found before Ray starts
+    except ConfigError as error:  # what this machine lacks (rl.trainer.preflight.checks), found before Ray starts
         print(f"invalid configuration:\n{error}", file=sys.stderr)
         return 2
     except FileExistsError as error:

@@ -1,5 +1,5 @@
 """Builds what one run needs from its config: prompts, tokenizer and generation engine (the workers:
-`rl.trainer.worker_start`)."""
+`rl.trainer.workers.worker_start`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import torch
 from rl.core.data import PromptRecord, load_prompt_dataset, load_prompt_template
 from rl.core.data.splitting import joined, split_validation
 from rl.core.generation import SamplingParams, build_engine
-from rl.trainer.engines import RemoteEngines
-from rl.trainer.placement import Placement
-from rl.trainer.prompt_encoding import render_ids, truncate
+from rl.trainer.rollout.engines import RemoteEngines
+from rl.trainer.rollout.prompt_encoding import render_ids, truncate
+from rl.trainer.workers.placement import Placement
 
 
 def encode_prompt(tokenizer, record: PromptRecord, max_length: int, truncation: str = "left") -> list[int]:
@@ -28,7 +28,7 @@ def sampling_params(gen_cfg, seed: int, evaluation: bool = False) -> SamplingPar
 
 
 def load_datasets(cfg, train_paths: list[str], val_paths: list[str]):
-    from rl.trainer.row_environments import env_class_check
+    from rl.trainer.multi_turn.row_environments import env_class_check
 
     keys = {"prompt_key": cfg.data.prompt_key, "answer_key": cfg.data.answer_key,
             "env_class_check": env_class_check(cfg),

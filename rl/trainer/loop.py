@@ -15,25 +15,26 @@ from rl.core.algorithms.value_loss import ValueLossSettings
 from rl.core.config import config_to_dict
 from rl.core.config.choices import ROLLOUT_ANCHORED_POLICY_LOSSES
 from rl.core.data import BatchPosition, batches_per_epoch, iter_batches
-from rl.trainer import checkpoint, components, finite, write_faults
-from rl.trainer.engines import RemoteEngines
-from rl.trainer.episodes import Episodes
+from rl.tasks.jobs import resolve_sources
+from rl.trainer import components
 from rl.trainer.experience import Experience, assign_advantages, build_experience, mask_zero_variance_groups
-from rl.trainer.faults import crash_point
 from rl.trainer.kl_reward import KLInReward
-from rl.trainer.metrics import MetricsLogger
-from rl.trainer.placement import needs_reference
+from rl.trainer.multi_turn.episodes import Episodes
 from rl.trainer.policy_update import compute_logprobs, is_on_policy, micro_batching, update_policy
-from rl.trainer.prompt_encoding import PromptEncoder, refuse_at_start
-from rl.trainer.reward_models import start_reward_models
-from rl.trainer.rewarding import RewardScorer
+from rl.trainer.rewards.reward_models import start_reward_models
+from rl.trainer.rewards.rewarding import RewardScorer
+from rl.trainer.rollout.engines import RemoteEngines
+from rl.trainer.rollout.prompt_encoding import PromptEncoder, refuse_at_start
+from rl.trainer.rollout.rollout_queue import EpisodeJobs, RolloutQueue, SingleTurnJobs
+from rl.trainer.rollout.sampling import ScoredBatch, collect_step_batch
+from rl.trainer.rollout.weight_sync import make_weight_sync
 from rl.trainer.rollout_mismatch import anchor_on_rollout, measure_and_correct, skips_old_logprob_pass
-from rl.trainer.rollout_queue import EpisodeJobs, RolloutQueue, SingleTurnJobs
-from rl.trainer.sampling import ScoredBatch, collect_step_batch
-from rl.trainer.sources import resolve_sources
 from rl.trainer.startup import StartupClock
-from rl.trainer.weight_sync import make_weight_sync
-from rl.trainer.worker_start import StartedWorkers, setup_worker_groups, start_workers
+from rl.trainer.state import checkpoint, finite, write_faults
+from rl.trainer.state.faults import crash_point
+from rl.trainer.state.metrics import MetricsLogger
+from rl.trainer.workers.placement import needs_reference
+from rl.trainer.workers.worker_start import StartedWorkers, setup_worker_groups, start_workers
 
 
 class Trainer:

@@ -7,7 +7,7 @@ from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.core.algorithms.value_loss import ValueLossSettings
 from rl.trainer.batching import MicroBatching, attach, gather
 from rl.trainer.experience import Experience
-from rl.trainer.worker_group import WorkerGroup
+from rl.trainer.workers.worker_group import WorkerGroup
 
 
 def micro_batching(cfg, dp_size: int, pad_token_id: int, train: bool) -> MicroBatching:

@@ -7,10 +7,10 @@ import os
 
 from rl.core.config import save_config
 from rl.core.sandbox import allow_weaker_isolation
-from rl.trainer import checkpoint
-from rl.trainer.plots import plot_curves
-from rl.trainer.preflight import preflight
+from rl.trainer.preflight.checks import preflight
 from rl.trainer.startup import StartupClock
+from rl.trainer.state import checkpoint
+from rl.trainer.state.plots import plot_curves
 
 
 class Interrupted(Exception):
@@ -48,7 +48,7 @@ def _actor_failure(trainer, error: Exception, run_dir: str) -> str | None:
     whole traceback goes to RUN_DIR/actor_failure.txt, whose path the line gives."""
     from ray.exceptions import RayActorError
 
-    from rl.trainer.waiting import ActorHung
+    from rl.trainer.workers.waiting import ActorHung
 
     if isinstance(error, ActorHung):
         return str(error)
@@ -144,14 +144,14 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
     import torch
     from ray.exceptions import RayActorError, RayTaskError
 
-    from rl.trainer.finite import NonFiniteError
-    from rl.trainer.placement import machine_cores, make_plan
-    from rl.trainer.rewarding import RewardError
-    from rl.trainer.sampling import SamplingExhausted
-    from rl.trainer.waiting import ActorHung
-    from rl.trainer.worker_group import start_ray, stop_ray
-    from rl.trainer.worker_start import start_workers
-    from rl.trainer.write_faults import WriteFailed
+    from rl.trainer.rewards.rewarding import RewardError
+    from rl.trainer.rollout.sampling import SamplingExhausted
+    from rl.trainer.state.finite import NonFiniteError
+    from rl.trainer.state.write_faults import WriteFailed
+    from rl.trainer.workers.placement import machine_cores, make_plan
+    from rl.trainer.workers.waiting import ActorHung
+    from rl.trainer.workers.worker_group import start_ray, stop_ray
+    from rl.trainer.workers.worker_start import start_workers
 
     clock = clock or StartupClock()
     clock.mark("imports")

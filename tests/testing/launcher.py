@@ -24,8 +24,8 @@ def launch_refused(run_dir: str, overrides: list[str], capsys, flags: tuple[str,
 
         main = train.main
     else:
-        import rl.trainer.dpo_loop
-        import rl.trainer.sft_loop  # noqa: F401
+        import rl.trainer.supervised.dpo_loop
+        import rl.trainer.supervised.sft_loop  # noqa: F401
         from rl.launch import supervised_cli
 
         main = functools.partial(supervised_cli.main, launcher)

@@ -148,3 +148,70 @@ def test_no_import_cycle_among_backend_modules():
              for name, path in modules.items()}
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# rl/trainer's packages from the top down (rl/trainer/__init__.py): a module imports from its own package or from
+# a package below it, never above. "" is rl/trainer's own folder: the run and its loop.
+TRAINER_LAYERS = ("supervised", "", "preflight", "multi_turn", "rollout", "workers", "rewards", "state")
+
+
+def trainer_layer(module: str) -> int | None:
+    """The layer of an rl.trainer module (its index in TRAINER_LAYERS), None outside rl.trainer."""
+    parts = module.split(".")
+    if parts[:2] != ["rl", "trainer"]:
+        return None
+    package = parts[2] if len(parts) >= 3 and parts[2] in TRAINER_LAYERS else ""
+    return TRAINER_LAYERS.index(package)
+
+
+def trainer_back_imports(modules: dict[str, set[str]]) -> list[str]:
+    """`importer imports imported` for each import against TRAINER_LAYERS; `modules`: module -> what it imports."""
+    wrong = []
+    for name, imported in sorted(modules.items()):
+        own = trainer_layer(name)
+        for module in sorted(imported):
+            layer = trainer_layer(module)
+            if own is not None and layer is not None and layer < own and module.count(".") >= 2:
+                wrong.append(f"{name} ({TRAINER_LAYERS[own] or 'rl/trainer'}) imports {module} "
+                             f"({TRAINER_LAYERS[layer] or 'rl/trainer'}, above it)")
+    return wrong
+
+
+def _trainer_modules() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in _files("rl/trainer", (".py",))}
+    return {name: {m for m in imported_modules(path) if m in modules and m != name}
+            for name, path in modules.items()}
+
+
+def test_trainer_packages_point_one_way():
+    wrong = trainer_back_imports(_trainer_modules())
+    assert not wrong, "rl/trainer's packages import up (rl/trainer/__init__.py gives the order):\n" + "\n".join(wrong)
+
+
+def test_a_planted_back_import_is_caught():
+    modules = {"rl.trainer.state.metrics": {"rl.trainer.rewards.rewarding"},
+               "rl.trainer.loop": {"rl.trainer.state.metrics", "rl.trainer.rollout.engines"},
+               "rl.trainer.rollout.engines": {"rl.trainer.rollout.sampling"}}
+    assert trainer_back_imports(modules) == [
+        "rl.trainer.state.metrics (state) imports rl.trainer.rewards.rewarding (rewards, above it)"]
+    assert trainer_back_imports({"rl.trainer.workers.placement": {"rl.trainer.loop"}}) == [
+        "rl.trainer.workers.placement (workers) imports rl.trainer.loop (rl/trainer, above it)"]
+
+
+def test_no_import_cycle_among_trainer_modules():
+    cycle = find_cycle(_trainer_modules())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_trainer_folders_stay_small():
+    """No module over 450 lines, no folder of more than 12 modules (its __init__.py aside)."""
+    big, folders = [], {}
+    for path in _files("rl/trainer", (".py",)):
+        with open(path) as f:
+            lines = len(f.read().splitlines())
+        if lines > 450:
+            big.append(f"{os.path.relpath(path, _root())}: {lines} lines")
+        if not path.endswith("__init__.py"):
+            folders[os.path.dirname(path)] = folders.get(os.path.dirname(path), 0) + 1
+    crowded = [f"{os.path.relpath(d, _root())}: {n} modules" for d, n in folders.items() if n > 12]
+    assert not big and not crowded, "\n".join(big + crowded)

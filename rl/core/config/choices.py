@@ -31,9 +31,10 @@ LOGGERS = ("console", "tensorboard", "wandb")
 DYNAMIC_SAMPLING_TYPES = ("filter", "replace")
 REWARD_ON_ERROR = ("fail", "zero")
 TRUNCATION = ("left", "right", "middle", "error")
-"""`data.truncation`: how a prompt longer than generator.max_prompt_length is cut (`rl.trainer.prompt_encoding`)."""
+"""`data.truncation`: how a prompt longer than generator.max_prompt_length is cut
+(`rl.trainer.rollout.prompt_encoding`)."""
 NON_FINITE = ("fail", "skip")
-"""`trainer.non_finite`: what a non-finite reward, loss or gradient norm does (`rl.trainer.finite`)."""
+"""`trainer.non_finite`: what a non-finite reward, loss or gradient norm does (`rl.trainer.state.finite`)."""
 LORA_INIT_METHODS = ("kaiming", "gaussian")
 MODEL_REWARDS = ("reward_model", "llm_judge")
 """data.reward_fn names of the models of trainer.reward (the classifier, the judge)."""

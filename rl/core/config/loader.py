@@ -54,7 +54,7 @@ def load_config(
     every check runs; all problems are raised together as one ConfigError. What the dialects did is logged (INFO,
     logger `rl.core.config`), one line each.
     `trainer.strategy=auto` is resolved by `auto` (the launchers pass the memory planner's,
-    `rl.trainer.memory_plan.resolve_auto`): it returns the keys of the layout it chose, set before the checks.
+    `rl.trainer.preflight.memory_plan.resolve_auto`): it returns the keys of the layout it chose, set before the checks.
     """
     strategies.require_strategies()
     problems, report, tree = _layered(default_tree(), overrides, config_file, strategy)

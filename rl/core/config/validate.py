@@ -17,7 +17,7 @@ Rules (world = trainer.placement.policy_num_nodes * policy_num_gpus_per_node):
   fully_async needs colocate_all false.
 - rewards: reward_weights one per reward_fn; a reward timeout needs reward workers; dynamic sampling needs
   n_samples_per_prompt >= 2 and no fully_async; overlong_buffer.len below max_generate_length. Reward functions
-  themselves (import, signature) are checked before the run starts (rl/trainer/preflight.py).
+  themselves (import, signature) are checked before the run starts (rl/trainer/preflight/checks.py).
 - critic (checks_critic.py): its keys only with advantage_estimator gae; it runs on the policy's workers (same
   placement and sequence-parallel size); critic_mini_batch_size divides train_batch_size like the policy's.
 - not yet supported (checks_support.py, checks_backends.py): generator.backend vllm without vLLM installed,

@@ -61,6 +61,11 @@ class PromptRecord:
         return [message.as_dict() for message in self.prompt]
 
 
+def describe_row(record: PromptRecord) -> str:
+    """Where a record came from, for a message: its file and row, else its index in its data source."""
+    return record.where or f"row index {record.index} of {record.data_source}"
+
+
 def parse_prompt(value: object, where: str) -> Prompt:
     """Check a raw prompt cell: a non-empty string, or a non-empty list of {"role", "content"} string mappings."""
     if isinstance(value, str):

@@ -2,7 +2,7 @@
 
 An environment runs one episode per instance. The trainer encodes the data row's prompt as the policy's first
 observation, then alternates: the policy writes a turn, the environment answers it with `step`. Environments speak
-text, and the rollout loop (`rl.trainer.multi_turn`) handles tokens, so one environment works with any tokenizer
+text, and the rollout loop (`rl.trainer.multi_turn.turns`) handles tokens, so one environment works with any tokenizer
 whose vocabulary covers what it writes.
 """
 

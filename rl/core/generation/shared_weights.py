@@ -7,7 +7,7 @@ so the bytes are copied twice in all: into the buffer, and into the engine's wei
 
 A handle opens only on the device it lives on, so handles are keyed by `device_key` (the GPU's UUID, or the host's
 boot id) and a receiver takes the one for its own device (`handle_for`). Every training rank that shares a device
-with engine workers shares its own copy of each bucket there (`rl.trainer.engine_feeds` decides which rank feeds
+with engine workers shares its own copy of each bucket there (`rl.trainer.rollout.engine_feeds` decides which rank feeds
 which worker), so an engine's call may carry handles on several devices.
 
 Emulated devices (`EMULATE_ENV=1`, for tests on a CPU machine): host memory then counts as one device per placement

@@ -11,7 +11,7 @@
   first, so a wrong name or shape fails naming the tensor. After new weights the prefix cache is emptied: its blocks
   hold keys and values of the old weights (a sleeping engine's are gone anyway, one that never sleeps kept them).
 - Tensor parallelism beside the training workers on GPUs: where the placement handed the actor bundle indices
-  (`VLLM_RAY_BUNDLE_INDICES`, `rl.trainer.placement`), vLLM's Ray executor starts one worker in each of those
+  (`VLLM_RAY_BUNDLE_INDICES`, `rl.trainer.workers.placement`), vLLM's Ray executor starts one worker in each of those
   bundles of the actor's placement group; elsewhere vLLM picks its executor itself (processes on CPU).
 - dtype: the checkpoint's own unless given (vLLM's "auto" would run an fp32 checkpoint in bf16 on CPU, a
   trainer-vs-rollout gap of up to 0.3 nats per token on the embedded model).

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rl.kernels import ops
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing import tolerances
 from tests.testing.tiny_job import make_tiny_job, run_train
 

@@ -17,8 +17,8 @@ from rl.backends.base import ModelSpec
 from rl.backends.worker import TrainingWorker
 from rl.core.generation import SamplingParams
 from rl.core.packing import pack_sequences
-from rl.trainer.engines import EngineActor
-from rl.trainer.reward_models import RewardModelActor
+from rl.trainer.rewards.reward_models import RewardModelActor
+from rl.trainer.rollout.engines import EngineActor
 from rl.trainer.run import FAILURE_FILE, _actor_failure
 from tests.testing.ray_cluster import shared_ray_address
 from tests.testing.tiny_job import make_tiny_job

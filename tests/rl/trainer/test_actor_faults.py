@@ -11,7 +11,7 @@ import time
 import pytest
 
 from rl.core.subprocess_run import kill_group, start_train
-from rl.trainer import checkpoint
+from rl.trainer.state import checkpoint
 from tests.testing.tiny_job import make_tiny_job
 
 RUN = ["trainer.placement.colocate_all=false", "trainer.fully_async.enabled=true",

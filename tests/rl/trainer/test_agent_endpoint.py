@@ -17,9 +17,9 @@ import pytest
 from rl.core.data.records import ChatMessage, PromptRecord
 from rl.core.generation.engine import Rollout, SamplingParams
 from rl.tasks.embedded.tokenizer import build_tokenizer
-from rl.trainer.agent_endpoint import AgentEndpoint
-from rl.trainer.agents import AgentEpisodes, load_agent
-from rl.trainer.env_calls import EpisodeError
+from rl.trainer.multi_turn.agent_endpoint import AgentEndpoint
+from rl.trainer.multi_turn.agents import AgentEpisodes, load_agent
+from rl.trainer.multi_turn.env_calls import EpisodeError
 
 AGENT = "examples/agents/arith_agent.py:run"
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=3)
@@ -125,7 +125,7 @@ async def rewriting_agent(base_url: str, row: dict, api_key: str) -> float:
 
 
 def test_a_rewritten_history_becomes_a_second_trajectory_sharing_the_reward(tokenizer, endpoint, monkeypatch):
-    import rl.trainer.agents as agents_module
+    import rl.trainer.multi_turn.agents as agents_module
 
     monkeypatch.setattr(agents_module, "load_object", lambda reference, key: rewriting_agent)
     engine = ScriptedEngine(tokenizer)
@@ -260,7 +260,7 @@ def test_bad_agent_files_are_refused(tmp_path):
     ({"score": 1.0, "note": "x"}, "returned note='x'; extra entries must be numbers"),
 ])
 def test_bad_agent_results_are_named_with_the_row(tokenizer, endpoint, monkeypatch, returned, message):
-    import rl.trainer.agents as agents_module
+    import rl.trainer.multi_turn.agents as agents_module
 
     async def agent(base_url, row, api_key):
         async with httpx.AsyncClient(headers=bearer(api_key)) as client:
@@ -275,7 +275,7 @@ def test_bad_agent_results_are_named_with_the_row(tokenizer, endpoint, monkeypat
 
 
 def test_a_hanging_agent_is_scored_zero_with_reward_on_error_zero(tokenizer, endpoint, monkeypatch, capsys):
-    import rl.trainer.agents as agents_module
+    import rl.trainer.multi_turn.agents as agents_module
 
     async def agent(base_url, row, api_key):
         async with httpx.AsyncClient(headers=bearer(api_key)) as client:
@@ -307,7 +307,7 @@ def test_an_agent_that_tries_to_exit_ends_the_batch_named_whatever_the_concurren
     import os
     import sys
 
-    import rl.trainer.agents as agents_module
+    import rl.trainer.multi_turn.agents as agents_module
 
     async def agent(base_url, row, api_key):
         async with httpx.AsyncClient(headers=bearer(api_key)) as client:
@@ -327,7 +327,7 @@ def test_an_agent_that_tries_to_exit_ends_the_batch_named_whatever_the_concurren
 def test_a_blocked_agent_is_abandoned_at_its_deadline_naming_its_line(tokenizer, endpoint, monkeypatch, capsys):
     """A synchronous sleep in an async agent stalls only its own episode: the other finishes, the blocked one is
     scored 0 (data.reward_on_error=zero) a grace second past environment.agent_timeout_s, named with the line."""
-    import rl.trainer.agents as agents_module
+    import rl.trainer.multi_turn.agents as agents_module
 
     async def agent(base_url, row, api_key):
         async with httpx.AsyncClient(headers=bearer(api_key)) as client:
@@ -364,7 +364,7 @@ async def two_turn_agent(base_url: str, row: dict, api_key: str) -> float:
 def test_with_a_real_engine_trajectories_are_the_sampled_ids_and_the_templated_turns(tmp_path, tokenizer,
                                                                                       endpoint, monkeypatch):
     """An untrained model's replies (any tokens, special ones included), through the HF engine."""
-    import rl.trainer.agents as agents_module
+    import rl.trainer.multi_turn.agents as agents_module
     from rl.core.generation import build_engine
     from rl.tasks.embedded import write_untrained_job
 
@@ -460,7 +460,7 @@ def test_completion_token_ids_outside_the_vocabulary_are_refused(served, prompt)
 
 
 def test_oversized_bodies_are_refused_unread(served):
-    from rl.trainer.agent_endpoint import MAX_REQUEST_BYTES
+    from rl.trainer.multi_turn.agent_endpoint import MAX_REQUEST_BYTES
 
     server, base_url = served
     big = b'{"messages": "' + b"x" * MAX_REQUEST_BYTES + b'"}'

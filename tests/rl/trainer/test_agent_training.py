@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing import tolerances
 from tests.testing.launcher import launch_refused
 from tests.testing.tiny_job import run_train

@@ -12,9 +12,9 @@ import os
 
 import pytest
 
-from rl.trainer import checkpoint
-from rl.trainer.faults import SEGMENT_DELAY
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state import checkpoint
+from rl.trainer.state.faults import SEGMENT_DELAY
+from rl.trainer.state.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 
 STEPS = 4

@@ -3,7 +3,7 @@
 traceback), with the refusal naming the key, and for data the file and the row.
 
 Config rows: every row of `tests.testing.bad_configs.BAD` (what `load_config` refuses) and the rows below that only
-the machine can answer (`rl.trainer.preflight`: files, model directories, checkpoints, kernels) or that come in a
+the machine can answer (`rl.trainer.preflight.checks`: files, model directories, checkpoints, kernels) or that come in a
 `--config` file. Data rows: prompt files with one defect each, in jsonl and parquet."""
 
 from __future__ import annotations

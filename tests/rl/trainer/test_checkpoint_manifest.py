@@ -7,7 +7,7 @@ import os
 import pytest
 
 import rl.backends.registry  # noqa: F401  (registers the training strategies the config names)
-from rl.trainer import checkpoint
+from rl.trainer.state import checkpoint
 
 
 def _save(root: str, step: int) -> str:
@@ -73,7 +73,7 @@ def test_no_intact_checkpoint_means_none(tmp_path):
 
 def test_an_explicit_damaged_checkpoint_is_refused_before_anything_starts(tmp_path):
     from rl.core.config import ConfigError, load_config
-    from rl.trainer.preflight import preflight
+    from rl.trainer.preflight.checks import preflight
 
     path = _save(str(tmp_path), 2)
     _flip(os.path.join(path, "policy", "shard_0.pt"))

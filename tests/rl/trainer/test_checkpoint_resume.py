@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from rl.trainer import checkpoint
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state import checkpoint
+from rl.trainer.state.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 
 STEPS = 4  # three checkpoints to damage beside the oldest

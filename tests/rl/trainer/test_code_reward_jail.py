@@ -11,7 +11,7 @@ import pytest
 
 import rl.core.sandbox as sandbox
 from rl.core.sandbox import Isolation, sandbox_problem
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing.launcher import launch_refused
 from tests.testing.tiny_job import make_tiny_job, run_train
 
@@ -28,7 +28,7 @@ def test_a_run_is_refused_where_the_jail_cannot_be_built(monkeypatch, tmp_path, 
 
 def test_with_the_opt_out_the_run_goes_on_saying_what_it_lost(monkeypatch, capsys):
     from rl.core.config.loader import load_config
-    from rl.trainer.preflight import _sandbox_problems
+    from rl.trainer.preflight.checks import _sandbox_problems
 
     monkeypatch.setattr(sandbox, "isolation", lambda: Isolation(seccomp="no filter for this CPU"))
     cfg = load_config(["data.reward_fn=python_expression", "environment.sandbox.allow_weaker_isolation=true"])

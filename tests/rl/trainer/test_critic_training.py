@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from rl.launch.convert import training_checkpoint_to_hf
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing import tolerances
 from tests.testing.parity import (
     BETAS,

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing import tolerances
 from tests.testing.tiny_job import run_train
 
 STEPS = 40
 FLOAT32_U = tolerances.unit_roundoff(torch.float32)
 MIN_FINAL_ACCURACY = 0.7
-# matplotlib's first two cycle colours: reward_mean, then val_accuracy (rl/trainer/plots.py)
+# matplotlib's first two cycle colours: reward_mean, then val_accuracy (rl/trainer/state/plots.py)
 LINE_COLOURS = {"reward_mean": (0x1F, 0x77, 0xB4), "val_accuracy": (0xFF, 0x7F, 0x0E)}
 
 

@@ -14,7 +14,7 @@ import shutil
 import pytest
 import torch
 
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing import tolerances
 from tests.testing.launcher import launch_refused
 from tests.testing.tiny_job import make_tiny_job, run_train

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 import rl.backends.registry  # noqa: F401  (the strategies the config names)
 from rl.core.config import load_config
 from rl.core.config.supervised import DpoConfig, split_overrides
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing.tiny_job import run_train
 from tests.testing.tolerances import LOG_ROUNDINGS, gamma
 

@@ -10,8 +10,8 @@ import torch
 
 from rl.core.algorithms.reward_shaping import groups_with_signal
 from rl.core.generation.engine import Rollout
-from rl.trainer.metrics import read_metrics
-from rl.trainer.sampling import SamplingExhausted, ScoredBatch, collect_step_batch
+from rl.trainer.rollout.sampling import SamplingExhausted, ScoredBatch, collect_step_batch
+from rl.trainer.state.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 
 N = 2

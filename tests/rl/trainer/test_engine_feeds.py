@@ -1,4 +1,4 @@
-"""Which training rank feeds which engine worker its weights by handle (`rl.trainer.engine_feeds`), on CPU with
+"""Which training rank feeds which engine worker its weights by handle (`rl.trainer.rollout.engine_feeds`), on CPU with
 emulated devices (`shared_weights.EMULATE_ENV`: each placement slot a device of its own, as GPUs are).
 
 - The plan, by hand: each engine worker is fed by the rank on its device (engine i's TP worker k by rank i * TP + k
@@ -23,11 +23,11 @@ import pytest
 import rl.backends.registry  # noqa: F401  (registers the strategies the config names)
 from rl.core.config.loader import load_config
 from rl.core.generation.shared_weights import EMULATE_ENV, SLOT_ENV, device_key, engine_worker_slot
-from rl.trainer.engine_feeds import FeedPlan, plan_feeds, unfed
-from rl.trainer.engines import RemoteEngines
-from rl.trainer.metrics import read_metrics
-from rl.trainer.placement import engine_slots
-from rl.trainer.weight_sync import PushSync, SharedSync, make_weight_sync
+from rl.trainer.rollout.engine_feeds import FeedPlan, plan_feeds, unfed
+from rl.trainer.rollout.engines import RemoteEngines
+from rl.trainer.rollout.weight_sync import PushSync, SharedSync, make_weight_sync
+from rl.trainer.state.metrics import read_metrics
+from rl.trainer.workers.placement import engine_slots
 from tests.testing import tolerances
 from tests.testing.tiny_job import ENGINE_KV_CACHE, make_tiny_job, run_train
 

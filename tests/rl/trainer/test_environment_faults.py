@@ -22,9 +22,9 @@ from transformers import AutoTokenizer
 from rl.core.data import PromptRecord, load_prompt_dataset
 from rl.core.environments import Environment, StepResult
 from rl.core.generation import SamplingParams, build_engine
-from rl.trainer.episodes import Episodes
-from rl.trainer.finite import NonFiniteError, non_finite_rewards
-from rl.trainer.multi_turn import EnvSettings, EpisodeError, run_episodes
+from rl.trainer.multi_turn.episodes import Episodes
+from rl.trainer.multi_turn.turns import EnvSettings, EpisodeError, run_episodes
+from rl.trainer.state.finite import NonFiniteError, non_finite_rewards
 from tests.testing.launcher import launch_refused
 from tests.testing.tiny_job import make_tiny_job, run_train
 

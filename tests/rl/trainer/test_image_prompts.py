@@ -13,8 +13,8 @@ from rl.core.data import load_prompt_dataset
 from rl.core.data.parquet_io import write_parquet_atomic
 from rl.tasks.embedded_vl.model import build_processor
 from rl.tasks.embedded_vl.task import make_rows
-from rl.trainer.image_prompts import encode_with_images
-from rl.trainer.prompt_encoding import render_ids
+from rl.trainer.rollout.image_prompts import encode_with_images
+from rl.trainer.rollout.prompt_encoding import render_ids
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import yaml
 
 import rl.backends.registry  # noqa: F401
 from rl.core.config import ConfigError, load_config, save_config
-from rl.trainer.memory_plan import host_memory_problems, memory_problems, resolve_auto
-from rl.trainer.preflight import preflight
+from rl.trainer.preflight.checks import preflight
+from rl.trainer.preflight.memory_plan import host_memory_problems, memory_problems, resolve_auto
 from tests.testing.model_configs import LLAMA2_70B, MIXTRAL_8X7B, QWEN25_7B, write_config_dir
 
 BIG = ("trainer.placement.colocate_all=false", "trainer.placement.policy_num_gpus_per_node=8",
@@ -117,7 +117,7 @@ def test_launcher_prints_and_records_the_auto_choice(tmp_path):
     assert saved["trainer"]["strategy"] == "fsdp2" and "< 14B -> fsdp2" in saved["trainer"]["auto_choice"]
 
 
-# --- the vLLM engines' KV cache against this machine (rl.trainer.engine_memory) ---------------------------------
+# --- the vLLM engines' KV cache against this machine (rl.trainer.preflight.engine_memory) -----------------------------
 GIB = 1 << 30
 NODE = (int(14.84 * GIB), int(11.73 * GIB), "NUMA node 0")  # the machine whose suite failed: 14.84 GiB on its node
 TWO_ENGINES = ("generator.backend=vllm", "generator.num_inference_engines=2",
@@ -130,8 +130,8 @@ SEQUENCE_BYTES = 160 * TOKEN_BYTES
 
 
 def _engine_problems(overrides, on_cpu=True, environ=None, memory=NODE):
-    from rl.trainer.engine_memory import engine_memory_problems
-    from rl.trainer.memory_plan import model_config
+    from rl.trainer.preflight.engine_memory import engine_memory_problems
+    from rl.trainer.preflight.memory_plan import model_config
 
     cfg = load_config(list(overrides))
     return engine_memory_problems(cfg, model_config(cfg.trainer.policy.model.path), on_cpu, environ or {}, memory)
@@ -202,7 +202,7 @@ def test_colocated_vllm_with_a_cache_in_bytes_is_planned_from_them(tmp_path):
 
 def test_the_nodes_memory_is_read_as_vllm_reads_it(tmp_path):
     """Free + file pages + reclaimable slab of the node of the CPU, from /sys (kB), else the machine's /proc/meminfo."""
-    from rl.trainer.engine_memory import node_memory
+    from rl.trainer.preflight.engine_memory import node_memory
 
     node = tmp_path / "sys/devices/system/node/node1"
     node.mkdir(parents=True)
@@ -222,7 +222,7 @@ def test_the_nodes_memory_is_read_as_vllm_reads_it(tmp_path):
 
 
 def _embedded_model(**changes):
-    from rl.trainer.memory_plan import model_config
+    from rl.trainer.preflight.memory_plan import model_config
 
     return {**model_config("embedded"), **changes}
 
@@ -230,7 +230,7 @@ def _embedded_model(**changes):
 def test_the_cache_is_sized_in_the_checkpoints_dtype_and_per_tensor_parallel_rank():
     """A bf16 checkpoint's KV cache takes 2 bytes a value (half the fp32 one's), whichever key names the dtype;
     with TP 2 each engine worker holds half the heads. The node check multiplies by engines x TP workers."""
-    from rl.trainer.engine_memory import engine_memory_problems
+    from rl.trainer.preflight.engine_memory import engine_memory_problems
 
     def problems(model, *overrides, on_cpu=False):
         return engine_memory_problems(load_config(["generator.backend=vllm", *overrides]), model, on_cpu, {}, NODE)
@@ -261,7 +261,7 @@ def test_a_fraction_leaves_the_weights_of_each_tensor_parallel_rank(tmp_path):
     """Qwen2.5-7B's 7,615,616,512 bf16 parameters are 14.19 GiB: 0.95 of the 14.84 GiB node (14.10 GiB) holds
     none of its cache on one worker; split over TP 2 each worker holds 7.09 GiB of them and 14.10 - 0.75 - 7.09 =
     6.26 GiB is left for the cache."""
-    from rl.trainer.engine_memory import engine_memory_problems
+    from rl.trainer.preflight.engine_memory import engine_memory_problems
 
     model = {**QWEN25_7B, "torch_dtype": "bfloat16"}
     base = ["generator.backend=vllm", "generator.kv_cache_memory_bytes=null", "generator.gpu_memory_utilization=0.95",
@@ -291,7 +291,7 @@ def test_a_fraction_that_leaves_exactly_one_sequence_is_enough():
     """0.5 of a node of 2 x (0.75 GiB + the weights + one sequence's cache) leaves exactly that sequence's 327,680
     bytes (fp32, 2,048 a token); half of it is refused."""
     from rl.backends.planner import shape_from_config
-    from rl.trainer.engine_memory import ENGINE_PROCESS_BYTES, engine_memory_problems
+    from rl.trainer.preflight.engine_memory import ENGINE_PROCESS_BYTES, engine_memory_problems
 
     model = _embedded_model()
     weights = shape_from_config(model).total_params() * 4
@@ -311,7 +311,7 @@ def test_a_fraction_that_leaves_exactly_one_sequence_is_enough():
 
 def test_the_suggested_size_holds_a_tensor_parallel_ranks_share():
     """Qwen2.5-7B at TP 2: 16 prompts x 8 samples on one engine, 160 tokens, 57,344 / 2 bytes a token per worker."""
-    from rl.trainer.engine_memory import engine_memory_problems
+    from rl.trainer.preflight.engine_memory import engine_memory_problems
 
     cfg = load_config(["generator.backend=vllm", "generator.kv_cache_memory_bytes=null",
                        "generator.gpu_memory_utilization=0.5", "trainer.placement.policy_num_gpus_per_node=2",
@@ -323,7 +323,7 @@ def test_the_suggested_size_holds_a_tensor_parallel_ranks_share():
 def test_the_suggestion_holds_at_least_one_sequence():
     """One prompt x 2 samples over 2 engines: one sequence at a time each, of 128 + 256 tokens: 786,432 bytes,
     rounded up to a MiB (two would be 1.5 MiB, rounded to 2)."""
-    from rl.trainer.engine_memory import engine_memory_problems
+    from rl.trainer.preflight.engine_memory import engine_memory_problems
 
     cfg = load_config([*BY_FRACTION, "generator.gpu_memory_utilization=0.05", "trainer.train_batch_size=1",
                        "trainer.policy_mini_batch_size=1", "generator.n_samples_per_prompt=2",

@@ -2,7 +2,7 @@
 reference alike, null (the device decides) by default; freeze_vision_tower reaches the policy only."""
 
 from rl.core.config import load_config
-from rl.trainer.worker_start import model_specs
+from rl.trainer.workers.worker_start import model_specs
 
 
 def test_precision_and_attention_keys_reach_both_models():

@@ -15,7 +15,7 @@ from rl.core.data import PromptRecord, load_prompt_dataset
 from rl.core.environments import Environment, StepResult, make_environment_factory
 from rl.core.generation import Rollout, SamplingParams, build_engine
 from rl.tasks.embedded import write_untrained_job
-from rl.trainer.multi_turn import EpisodeError, Trajectory, run_episodes
+from rl.trainer.multi_turn.turns import EpisodeError, Trajectory, run_episodes
 
 DIGITS = tuple("0123456789")
 SEED = 11
@@ -206,8 +206,8 @@ def test_a_rows_env_class_plays_its_episodes_in_place_of_the_runs(setup):
     import dataclasses
 
     from rl.tasks.gsm8k.skyrl_grading import skyrl_score
-    from rl.trainer.multi_turn import EnvSettings
-    from rl.trainer.row_environments import row_environment_factory
+    from rl.trainer.multi_turn.row_environments import row_environment_factory
+    from rl.trainer.multi_turn.turns import EnvSettings
 
     tokenizer, engine, records, prompt_ids = setup
     tagged = [dataclasses.replace(r, env_class="gsm8k" if i % 2 else None) for i, r in enumerate(records)]

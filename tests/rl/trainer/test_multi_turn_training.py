@@ -4,7 +4,7 @@ anything starts."""
 
 import pytest
 
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing.launcher import launch_refused
 from tests.testing.tiny_job import run_train
 

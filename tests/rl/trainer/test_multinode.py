@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 
 COMPARED = ("reward_mean", "loss", "pg_loss", "grad_norm", "kl", "entropy")
@@ -56,7 +56,7 @@ def test_a_node_that_leaves_ends_the_run_naming_its_worker(job, tmp_path):
     from ray.cluster_utils import Cluster
 
     from rl.core.subprocess_run import kill_group, start_train
-    from rl.trainer import checkpoint
+    from rl.trainer.state import checkpoint
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     log = open(tmp_path / "launcher.log", "w+")  # noqa: SIM115  (read during the run, closed below)

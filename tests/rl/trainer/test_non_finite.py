@@ -14,9 +14,9 @@ import torch
 from rl.backends.base import ModelSpec, TrainingBackend, weights_finite
 from rl.backends.dist import DistInfo
 from rl.core.data.records import PromptRecord
-from rl.trainer import checkpoint
-from rl.trainer.finite import NonFiniteError, check_update, non_finite_rewards
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state import checkpoint
+from rl.trainer.state.finite import NonFiniteError, check_update, non_finite_rewards
+from rl.trainer.state.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rl.trainer.experience import Experience
-from rl.trainer.metrics import read_metrics
 from rl.trainer.rollout_mismatch import anchor_on_rollout, measure_and_correct, skips_old_logprob_pass
+from rl.trainer.state.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 from tests.testing.tolerances import EXP_ROUNDINGS, gamma, unit_roundoff
 

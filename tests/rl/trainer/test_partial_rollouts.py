@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rl.core.generation import Rollout, SamplingParams
 from rl.core.generation.segments import SEED_STRIDE, generate_in_segments
-from rl.trainer.rollout_queue import partial_rollout_metrics
+from rl.trainer.rollout.rollout_queue import partial_rollout_metrics
 from tests.testing import tolerances
 from tests.testing.tiny_job import make_tiny_job
 
@@ -33,7 +33,7 @@ def job(tmp_path_factory):
 def engines(job):
     import ray
 
-    from rl.trainer.engines import RemoteEngines
+    from rl.trainer.rollout.engines import RemoteEngines
     from tests.testing.ray_cluster import shared_ray_address
 
     ray.init(address=shared_ray_address(), log_to_driver=False)
@@ -99,7 +99,7 @@ def test_calls_from_another_thread_never_land_inside_a_push(job):
     begin_update and finish_update (where the engine refuses to generate), and reports the version it ran on."""
     import threading
 
-    from rl.trainer.engines import RemoteEngines
+    from rl.trainer.rollout.engines import RemoteEngines
 
     whole = RemoteEngines("hf", job.model_path, 1, {"device": "cpu"}, lambda i: {"num_cpus": 0})
     tokenizer = AutoTokenizer.from_pretrained(job.model_path)

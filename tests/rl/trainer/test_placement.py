@@ -19,7 +19,14 @@ import pytest
 import rl.backends.registry  # noqa: F401  (registers the strategies the config names)
 from rl.core.config.loader import load_config
 from rl.core.generation.shared_weights import SLOT_ENV
-from rl.trainer.placement import ENGINE_GPU_SHARE, Placement, bundle_order, engine_slots, fit_problems, make_plan
+from rl.trainer.workers.placement import (
+    ENGINE_GPU_SHARE,
+    Placement,
+    bundle_order,
+    engine_slots,
+    fit_problems,
+    make_plan,
+)
 
 
 @pytest.fixture(scope="module", params=[4, 8], ids=lambda gpus: f"{gpus}gpus")

@@ -42,7 +42,7 @@ def test_run_dir_that_is_a_file_is_refused(tmp_path, capsys):
 def test_ipc_weight_sync_is_refused_for_engines_on_gpus_of_their_own(overrides, expected):
     """On a GPU machine (the placement planner told it has 4): a shared CUDA buffer opens only on its own GPU."""
     from rl.core.config.loader import load_config
-    from rl.trainer.placement import fit_problems
+    from rl.trainer.workers.placement import fit_problems
 
     problems = fit_problems(load_config(overrides), gpus=4, cores=16, remote=False)
     found = [p.startswith("generator.weight_sync_backend: ipc") and expected in p for p in problems]

@@ -1,5 +1,5 @@
-"""Prompt encoding (`rl.trainer.prompt_encoding`): data.truncation's cuts, the warnings once per row, the step count,
-the refusals before training, and the unknown-token warning. Expected ids come from the embedded tokenizer's
+"""Prompt encoding (`rl.trainer.rollout.prompt_encoding`): data.truncation's cuts, the warnings once per row, the step
+count, the refusals before training, and the unknown-token warning. Expected ids come from the embedded tokenizer's
 vocabulary table (one id per piece), written out by hand, not from the tokenizer."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import rl.backends.registry  # noqa: F401  (the strategies a config names)
 from rl.core.config import ConfigError, load_config
 from rl.core.data.records import PromptRecord, parse_prompt
 from rl.tasks.embedded.tokenizer import build_tokenizer, vocabulary
-from rl.trainer.prompt_encoding import (
+from rl.trainer.rollout.prompt_encoding import (
     UNKNOWN_SHARE_WARNING,
     PromptEncoder,
     prompt_problems,

@@ -12,9 +12,9 @@ from rl.core.config.supervised import SftConfig
 from rl.core.data import load_prompt_dataset, load_prompt_template
 from rl.tasks.embedded.tokenizer import build_tokenizer, vocabulary
 from rl.trainer.components import load_datasets
-from rl.trainer.preflight import _data_problems
-from rl.trainer.prompt_encoding import render_ids
-from rl.trainer.supervised_preflight import _data_problems as supervised_data_problems
+from rl.trainer.preflight.checks import _data_problems
+from rl.trainer.rollout.prompt_encoding import render_ids
+from rl.trainer.supervised.preflight import _data_problems as supervised_data_problems
 
 VOCAB = vocabulary()
 

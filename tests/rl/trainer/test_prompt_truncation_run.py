@@ -3,7 +3,7 @@ length, so each prompt is cut (data.truncation=left, the default), named in one 
 
 import re
 
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 
 WARNING = re.compile(r"^warning: the prompt of (\S+train\.parquet row \d+) has (\d+) tokens, more than "

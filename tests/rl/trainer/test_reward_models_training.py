@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
 
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing.launcher import launch_refused
 from tests.testing.tiny_job import make_tiny_job, run_train
 from tests.testing.tolerances import gamma, weighted_mean_gap

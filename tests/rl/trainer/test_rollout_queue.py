@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from rl.core.data import BatchPosition, PromptBatch, PromptRecord
-from rl.trainer.rollout_queue import EpisodeJobs, RolloutQueue
+from rl.trainer.rollout.rollout_queue import EpisodeJobs, RolloutQueue
 
 
 class ScriptedEngines:

@@ -13,7 +13,7 @@ import pytest
 import rl.backends.registry  # noqa: F401  (registers the training strategies the config names)
 from rl.core.config import load_config
 from rl.core.data import DataError, load_prompt_dataset
-from rl.trainer.row_environments import env_class_check
+from rl.trainer.multi_turn.row_environments import env_class_check
 
 
 def skyrl_parquet(path, env_classes):

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rl.core.data.supervised import SupervisedDataSpec, load_sft_examples
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing import tolerances
 from tests.testing.tiny_job import run_train
 

@@ -12,7 +12,7 @@ import yaml
 from rl.backends.registry import STRATEGIES
 from rl.core.config import ConfigError, load_config
 from rl.core.config.strategies import register, unregister
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.rl.trainer.ddp_strategy import DDPStrategy
 from tests.testing.tiny_job import make_tiny_job, run_train
 

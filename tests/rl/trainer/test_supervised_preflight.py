@@ -1,7 +1,7 @@
 """`rl.launch.sft` and `rl.launch.dpo` on input they must refuse, each run in this process
 (`tests.testing.launcher.launch_refused`: exit code 2 within seconds, Ray never started, no run directory, no
 traceback), the refusal one line naming the key, and for data the file and the row: the preflight
-(`rl.trainer.supervised_preflight`, the RL launcher's checks where they apply) and the `sft:` / `dpo:` blocks."""
+(`rl.trainer.supervised.preflight`, the RL launcher's checks where they apply) and the `sft:` / `dpo:` blocks."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing import tolerances
 from tests.testing.tiny_job import make_tiny_job, run_train
 

@@ -25,7 +25,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing import tolerances
 from tests.testing.tiny_job import make_tiny_job, run_train
 
@@ -63,7 +63,7 @@ def _step_one(job, overrides: list[str]):
     from rl.core.generation.engine import build_engine
     from rl.core.rewards.functions import call_reward, load_reward_function
     from rl.trainer import components
-    from rl.trainer.rewarding import row_fields
+    from rl.trainer.rewards.rewarding import row_fields
 
     cfg = load_config([*job.overrides(steps=STEPS), *overrides])
     tokenizer = AutoTokenizer.from_pretrained(job.model_path)

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from rl.core.data.records import PromptRecord
-from rl.trainer.metrics import read_metrics
-from rl.trainer.rewarding import RewardError, RewardScorer
+from rl.trainer.rewards.rewarding import RewardError, RewardScorer
+from rl.trainer.state.metrics import read_metrics
 from tests.testing.launcher import launch_refused
 from tests.testing.tiny_job import make_tiny_job, run_train
 from tests.testing.tolerances import weighted_mean_gap

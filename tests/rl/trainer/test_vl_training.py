@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from rl.core.processors import load_processor
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing.tiny_job import run_train
 
 STEPS = 40
@@ -66,9 +66,9 @@ def test_engine_actors_sample_with_each_prompts_images(run):
     from rl.core.data import BatchPosition, PromptBatch, load_prompt_dataset
     from rl.core.generation import SamplingParams
     from rl.core.generation.engine import build_engine
-    from rl.trainer.engines import RemoteEngines
-    from rl.trainer.image_prompts import encode_with_images
-    from rl.trainer.rollout_queue import RolloutQueue, SingleTurnJobs
+    from rl.trainer.rollout.engines import RemoteEngines
+    from rl.trainer.rollout.image_prompts import encode_with_images
+    from rl.trainer.rollout.rollout_queue import RolloutQueue, SingleTurnJobs
     from tests.testing.ray_cluster import shared_ray_address
 
     model, run_dir = run

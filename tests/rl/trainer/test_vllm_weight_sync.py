@@ -16,7 +16,7 @@ engine-trainer gap (below the bound, step 1): `kl` > 2 * the bound means the syn
 import pytest
 import torch
 
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing import tolerances
 from tests.testing.tiny_job import ENGINE_KV_CACHE, make_tiny_job, run_train
 

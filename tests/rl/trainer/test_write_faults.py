@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rl.core.subprocess_run import launcher_command, launcher_env
-from rl.trainer.write_faults import describe, write_failed, write_failure
+from rl.trainer.state.write_faults import describe, write_failed, write_failure
 from tests.testing.tiny_job import make_tiny_job
 
 

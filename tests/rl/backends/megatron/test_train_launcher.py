@@ -8,7 +8,7 @@ import os
 import pytest
 from transformers import AutoModelForCausalLM
 
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 
 # As in tests/rl/trainer/test_trainer_parity.py: a non-zero first-step gradient over the whole loss.

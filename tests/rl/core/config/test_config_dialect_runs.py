@@ -15,7 +15,7 @@ import yaml
 
 import rl.backends.registry  # noqa: F401  (the strategies' blocks are keys of ours)
 from rl.core.config.keys import all_keys
-from rl.trainer.metrics import read_metrics
+from rl.trainer.state.metrics import read_metrics
 from tests.rl.core.config.skyrl_scripts import skyrl_args
 from tests.rl.core.config.upstream_configs import NEMO_1B, NEMO_1B_MEGATRON
 from tests.testing import tolerances

@@ -200,7 +200,7 @@ def vl_prompts(vl_model_dir, tmp_path_factory):
     from rl.core.data.parquet_io import write_parquet_atomic
     from rl.core.processors import load_processor
     from rl.tasks.embedded_vl.task import make_rows
-    from rl.trainer.image_prompts import encode_with_images
+    from rl.trainer.rollout.image_prompts import encode_with_images
 
     directory = tmp_path_factory.mktemp("vl_rows")
     write_parquet_atomic(make_rows(3, 0, "train"), directory / "images.parquet")
