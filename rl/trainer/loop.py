@@ -38,9 +38,12 @@ from rl.trainer.workers.worker_start import StartedWorkers, setup_worker_groups,
 
 
 class Trainer:
-    def __init__(self, cfg, run_dir: str, started: StartedWorkers | None = None, clock: StartupClock | None = None):
+    def __init__(self, cfg, run_dir: str, started: StartedWorkers | None = None, clock: StartupClock | None = None,
+                 restarts: int = 0):
         """`started`: the placement and worker actors already started (`start_workers`), or None to start them
-        here; `clock` is charged with the phases of the start."""
+        here; `clock` is charged with the phases of the start; `restarts`: how many times the run's actors have
+        started again after a death (trainer.max_restarts), logged with every step where restarts are allowed."""
+        self.restarts = restarts
         from transformers import AutoTokenizer
 
         self.cfg, self.run_dir = cfg, run_dir
@@ -148,6 +151,8 @@ class Trainer:
         for step in range(start + 1, self.total_steps + 1):
             self.current_step = step
             row = self.train_step(step)
+            if trainer.max_restarts:
+                row["restarts"] = self.restarts
             if self.val_set is not None and _due(step, trainer.eval_interval, self.total_steps):
                 row.update(self.evaluate(step))
             self.metrics.log(row)

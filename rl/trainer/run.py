@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 
 from rl.core.config import save_config
 from rl.core.sandbox import allow_weaker_isolation
@@ -115,6 +116,36 @@ def _raised(text: str) -> str | None:
     return None
 
 
+def _checkpoints(cfg, run_dir: str) -> str:
+    return cfg.trainer.ckpt_path or os.path.join(run_dir, "checkpoints")
+
+
+def resuming(cfg):
+    """`cfg` resuming from the newest complete checkpoint, or from the start (its metrics rows dropped) without
+    one: the setting a person would pass to resume the run by hand."""
+    import dataclasses
+
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, resume_mode="latest"))
+
+
+def _tear_down(trainer, started) -> None:
+    """Ends every actor of the run (the dead one's peers hold collectives and ports of the old group) and gives the
+    cluster their bundles back, for the next start."""
+    import ray
+
+    if trainer is not None:
+        trainer.close()
+        actors = trainer.actors()
+    else:
+        groups = [g for g in (started.group, started.ref_group, started.critic_group) if g is not None] if started \
+            else []
+        actors = [named for group in groups for named in group.named_actors()]
+    for actor, _ in actors:
+        ray.kill(actor, no_restart=True)
+    if started is not None:
+        started.placement.release()
+
+
 def default_run_dir() -> str:
     """A new dated folder under runs/ in the workspace (`bazel run` says where that is)."""
     root = os.environ.get("BUILD_WORKSPACE_DIRECTORY") or os.getcwd()
@@ -164,28 +195,47 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
     clock.mark("preflight")
     start_ray(run_dir, ray_address, slots=make_plan(cfg, torch.cuda.is_available(), machine_cores()).slots)
     clock.mark("ray")
-    trainer = None
+    trainer, started, restarts, failed_at = None, None, 0, None
     try:
-        started = start_workers(cfg)  # their processes come up while the driver imports and loads the rest
-        from rl.trainer.loop import Trainer
+        while True:
+            try:
+                started = start_workers(cfg)  # their processes come up while the driver imports and loads the rest
+                from rl.trainer.loop import Trainer
 
-        clock.mark("trainer imports")
-        trainer = Trainer(cfg, run_dir, started, clock)
-        print(clock.line(), flush=True)
-        trainer.fit()
+                clock.mark("trainer imports")
+                trainer = Trainer(cfg, run_dir, started, clock, restarts)
+                if failed_at is None:
+                    print(clock.line(), flush=True)
+                else:
+                    print(f"recovered in {time.monotonic() - failed_at:.1f} s (restart {restarts} of "
+                          f"{cfg.trainer.max_restarts}, trainer.max_restarts)", flush=True)
+                trainer.fit()
+                break
+            except (RayActorError, ActorHung) as error:  # a death or a hang, not an exception of a live actor
+                what = _actor_failure(trainer, error, run_dir)
+                if what is None or restarts >= cfg.trainer.max_restarts:
+                    raise
+                failed_at, restarts = time.monotonic(), restarts + 1
+                step = trainer.current_step if trainer is not None else 0
+                latest = checkpoint.latest(_checkpoints(cfg, run_dir), log=lambda _: None)
+                print(f"warning: {what} at step {step}; the run's actors start again from "
+                      f"{latest or 'the first step'} (restart {restarts} of {cfg.trainer.max_restarts})", flush=True)
+                _tear_down(trainer, started)
+                trainer, started = None, None
+                cfg = resuming(cfg)
     except KeyboardInterrupt:
         step = trainer.current_step if trainer is not None else 0
-        latest = checkpoint.latest(trainer.ckpt_root) if trainer is not None else None
+        latest = checkpoint.latest(_checkpoints(cfg, run_dir))
         raise Interrupted(step, latest) from None
     except (RayActorError, RayTaskError, ActorHung) as error:
         what = _actor_failure(trainer, error, run_dir)
         if what is None:
             raise
-        latest = checkpoint.latest(trainer.ckpt_root, log=lambda _: None) if trainer is not None else None
+        latest = checkpoint.latest(_checkpoints(cfg, run_dir), log=lambda _: None)
         raise ActorFailed(what, trainer.current_step if trainer is not None else 0, latest) from None
     except (RewardError, SamplingExhausted, NonFiniteError, WriteFailed) as error:
-        latest = checkpoint.latest(trainer.ckpt_root, log=lambda _: None)
-        raise RunFailed(str(error), trainer.current_step, latest) from None
+        latest = checkpoint.latest(_checkpoints(cfg, run_dir), log=lambda _: None)
+        raise RunFailed(str(error), trainer.current_step if trainer is not None else 0, latest) from None
     finally:
         if trainer is not None:
             trainer.close()

@@ -196,6 +196,13 @@ class TrainerConfig:
     mini-batch update, a weight push) may take before the run ends, naming the actors that did not answer and the
     last complete checkpoint; null waits forever. Raise it for long generations on large models."""
 
+    max_restarts: int
+    """How many times a run whose engine, training worker, critic or reward model died (or stopped answering within
+    actor_call_timeout_s) starts all its actors again, inside the same run, from its last complete checkpoint (from
+    the start without one) and goes on; 0 ends the run at the first death, naming the actor. Resuming is exact, so a
+    recovered run ends with the weights an uninterrupted one would have; the steps since the checkpoint run again
+    (trainer.ckpt_interval bounds how many). An exception raised inside a live actor is not retried."""
+
     collective_timeout_s: float | None
     """Seconds a collective of the training workers (an all-reduce, all-gather or broadcast in any of their
     process groups: torch's, FSDP's, DeepSpeed's, Megatron-Core's) may wait for the other ranks before it fails;

@@ -2,9 +2,11 @@
 `data.reward_timeout_s`), so a slow or hung verifier (code execution, a sandbox) cannot stall the training loop.
 
 Each worker is `python -m rl.trainer.rewards.reward_worker`, started with the driver's Python path; a call that passes
-its deadline has its worker killed and replaced, a worker that dies mid-call is replaced too, and either way the call
-comes back as an error naming what happened. With 0 workers the functions run in the driver, one after another
-(no deadline: the configuration refuses a timeout there).
+its deadline has its worker killed and replaced and comes back as an error naming what happened. A worker killed
+mid-call (a signal: out of memory, a node's trouble) is replaced and the call made again on the fresh one; a row
+that kills its worker twice comes back as an error naming it, for data.reward_on_error to handle. A worker whose
+code ends its process itself (an exit code) ends the run. With 0 workers the functions run in the driver, one after
+another (no deadline: the configuration refuses a timeout there).
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ class RewardPool:
     def run(self, jobs: Sequence[RewardJob]) -> list[RewardOutcome]:
         outcomes: list[RewardOutcome | None] = [None] * len(jobs)
         pending = list(range(len(jobs)))[::-1]  # popped from the end: job 0 first
+        killed: set[int] = set()  # jobs whose process was killed once: scored again on a fresh one
         while pending or any(w.job is not None for w in self.workers):
             for worker in self.workers:
                 if worker.job is None and pending:
@@ -112,12 +115,17 @@ class RewardPool:
                 answer = receive(worker.process.stdout)
                 if answer is None:  # the process died inside the user's code (an exit, a crash, out of memory)
                     code = worker.process.wait()
-                    outcomes[job_id] = (  # an exit the code chose ends the run; a signal's death is the call's error
-                        RewardOutcome(None, f"ended the reward process mid-call (exit code {code}); user code may "
-                                            "not end the run, raise an exception instead", fatal=True) if code >= 0
-                        else RewardOutcome(None, f"the reward process died mid-call (signal {-code})"))
                     worker.job = None
                     self._replace(worker)
+                    if code < 0 and job_id not in killed:  # killed from outside (OOM, a node's trouble): again
+                        killed.add(job_id)
+                        pending.append(job_id)
+                        continue
+                    outcomes[job_id] = (  # an exit the code chose ends the run; a second death is the row's error
+                        RewardOutcome(None, f"ended the reward process mid-call (exit code {code}); user code may "
+                                            "not end the run, raise an exception instead", fatal=True) if code >= 0
+                        else RewardOutcome(None, f"the reward process died mid-call twice (signal {-code}), on a "
+                                                 "fresh process the second time"))
                     continue
                 _, status, value = answer
                 outcomes[job_id] = (RewardOutcome(value, None) if status == "ok"

@@ -174,6 +174,7 @@ class Placement:
             engine_bundle = {"GPU": plan.engine_devices, "CPU": 1} if plan.gpu else {"CPU": plan.engine_devices}
             self.engines = placement_group([dict(engine_bundle) for _ in range(plan.engines)], strategy="PACK")
             groups.append(self.engines)
+        self.groups = groups
         for group in groups:
             if not group.wait(timeout_seconds=120):
                 raise RuntimeError(f"the cluster cannot hold placement bundles {group.bundle_specs} "
@@ -185,6 +186,13 @@ class Placement:
                             if self.ref_workers is not None else [])
         self.critic_bundles = (self._slot_bundles(self.critic_workers, plan.critic_workers, plan.critic_per_node)
                                if self.critic_workers is not None else [])
+
+    def release(self) -> None:
+        """Gives the cluster its bundles back (the run's actors must be gone first)."""
+        from ray.util.placement_group import remove_placement_group
+
+        for group in self.groups:
+            remove_placement_group(group)
 
     def _worker_group(self, nodes: int, per_node: int):
         from ray.util.placement_group import placement_group

@@ -50,6 +50,13 @@ REWARDS = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGKILL)
         return 1.0
 
+    def dies_once(response, answer):  # killed the first time it sees "bad" in this run, scored the second
+        mark = os.path.join(os.environ["REWARD_TEST_MARKS"], response)
+        if response == "bad" and not os.path.exists(mark):
+            open(mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return 0.25
+
     def os_exits(response, answer):
         if response == "bad":
             os._exit(3)
@@ -146,6 +153,18 @@ def test_failures_score_zero_are_counted_and_named(reward_file, workers, capsys)
     assert "raises failed on train.parquet row 1: ValueError: cannot grade bad" in printed
 
 
+def test_a_row_that_kills_its_process_once_is_scored_again_on_a_fresh_one(reward_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("REWARD_TEST_MARKS", str(tmp_path))
+    scorer = RewardScorer(_Cfg(reward_fn=f"{reward_file}:dies_once", on_error="fail", reward_num_workers=2,
+                               timeout=30.0))
+    try:
+        rewards, metrics = scorer.score(["good", "bad", "good"], _records(3))
+    finally:
+        scorer.close()
+    assert rewards.tolist() == [0.25, 0.25, 0.25] and metrics["reward_errors"] == 0
+    assert (tmp_path / "bad").exists(), "the row never killed its process: nothing was retried"
+
+
 def test_a_function_that_fails_on_the_whole_batch_stops_the_run(reward_file):
     """data.reward_on_error=zero goes on past failed calls, not past a function that never works (`text` returns a
     string: every row fails), which would train on zeros."""
@@ -176,7 +195,8 @@ def test_a_hung_call_is_killed_at_its_deadline_and_the_others_go_on(reward_file)
 
 @pytest.mark.parametrize("name,why", [("raises", "ValueError: cannot grade bad"),
                                        ("nan", "its score is nan, not a finite number"),
-                                       ("dies", "the reward process died mid-call (signal 9)")])
+                                       ("dies", "the reward process died mid-call twice (signal 9), on a fresh "
+                                                "process the second time")])
 def test_on_error_fail_names_the_function_and_row(reward_file, name, why):
     scorer = RewardScorer(_Cfg(reward_fn=f"{reward_file}:{name}", on_error="fail"))
     try:
