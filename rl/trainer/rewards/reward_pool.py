@@ -70,7 +70,10 @@ class _Worker:
             self.process.kill()
         self.process.wait()
         for stream in (self.process.stdin, self.process.stdout):
-            stream.close()
+            try:
+                stream.close()
+            except OSError:  # the unsent rest of a message to a process that died: nothing reads it
+                pass
 
 
 class RewardPool:
@@ -103,7 +106,12 @@ class RewardPool:
                 if worker.job is None and pending:
                     job_id = pending.pop()
                     job = jobs[job_id]
-                    send(worker.process.stdin, (job_id, job.function, job.response, job.answer, job.fields))
+                    message = (job_id, job.function, job.response, job.answer, job.fields)
+                    try:
+                        send(worker.process.stdin, message)
+                    except OSError:  # the worker died between calls (killed from outside): a fresh one takes it
+                        worker = self._replace(worker)
+                        send(worker.process.stdin, message)
                     deadline = time.monotonic() + self.timeout_s if self.timeout_s else float("inf")
                     worker.job = (job_id, deadline)
             busy = [w for w in self.workers if w.job is not None]

@@ -4,6 +4,7 @@ reward read from a file."""
 
 import math
 import os
+import signal
 import textwrap
 import time
 
@@ -163,6 +164,20 @@ def test_a_row_that_kills_its_process_once_is_scored_again_on_a_fresh_one(reward
         scorer.close()
     assert rewards.tolist() == [0.25, 0.25, 0.25] and metrics["reward_errors"] == 0
     assert (tmp_path / "bad").exists(), "the row never killed its process: nothing was retried"
+
+
+def test_a_reward_process_killed_between_calls_is_replaced(reward_file):
+    """Killed while idle (the kernel's OOM killer picks any process): the next call goes to a fresh one."""
+    scorer = RewardScorer(_Cfg(reward_fn=f"{reward_file}:raises", on_error="fail", reward_num_workers=1, timeout=30.0))
+    try:
+        first, _ = scorer.score(["good"], _records(1))
+        victim = scorer.pool.workers[0].process
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        again, metrics = scorer.score(["good", "good"], _records(2))
+    finally:
+        scorer.close()
+    assert first.tolist() == [1.0] and again.tolist() == [1.0, 1.0] and metrics["reward_errors"] == 0
 
 
 def test_a_function_that_fails_on_the_whole_batch_stops_the_run(reward_file):
