@@ -11,6 +11,7 @@ another (no deadline: the configuration refuses a timeout there).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import subprocess
@@ -70,10 +71,8 @@ class _Worker:
             self.process.kill()
         self.process.wait()
         for stream in (self.process.stdin, self.process.stdout):
-            try:
+            with contextlib.suppress(OSError):  # the unsent rest of a message to a process that died
                 stream.close()
-            except OSError:  # the unsent rest of a message to a process that died: nothing reads it
-                pass
 
 
 class RewardPool:
