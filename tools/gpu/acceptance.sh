@@ -340,8 +340,12 @@ bazel_tests() {
 gpu_visible() {  # 1 or 0; bare: what torch sees; bazel: the driver's GPUs unless CUDA_VISIBLE_DEVICES hides them
   if [[ $MODE == bazel ]]; then
     [[ ${CUDA_VISIBLE_DEVICES-all} != "" ]] && nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo 1 || echo 0
-  else
+  elif "$PYTHON" -c 'import torch' 2>/dev/null; then
     "$PYTHON" -c 'import torch; print(int(torch.cuda.is_available()))'
+  elif nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    return 1  # a GPU to run on, and no torch to run it with
+  else
+    echo 0  # no torch and no GPU: the plan is all there is to show
   fi
 }
 
@@ -387,7 +391,7 @@ main() {
   local failed has_gpu
   echo "gpu_acceptance: $(date -u +%FT%TZ) in $REPO, $MODE mode, budget ${BUDGET_S}s, work dir $WORK"
   if ! has_gpu=$(gpu_visible); then
-    echo "FAILED: $PYTHON cannot import torch"
+    echo "FAILED: $PYTHON cannot import torch, and this machine has a GPU: install torch for $PYTHON (or set PYTHON)"
     return 1
   fi
   if [[ $MODE == bare ]]; then

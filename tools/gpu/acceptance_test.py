@@ -61,6 +61,20 @@ def test_without_a_gpu_it_prints_its_plan_and_exits_0(tmp_path):
         assert re.search(rf"^  {re.escape(package)} +(installed: runs|missing: skipped)", result.stdout, re.M)
 
 
+def test_a_python_without_torch_on_a_machine_without_a_gpu_still_shows_the_plan(tmp_path):
+    """A fresh machine's python3 has no torch: with no GPU either, the plan is all there is, exit 0 (it used to end
+    "cannot import torch", exit 1). `torch` is shadowed on the path, as where it is not installed."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "torch.py").write_text("raise ImportError('No module named torch')\n")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "PYTHONPATH": str(shadow),
+           "PATH": "/usr/bin:/bin"}  # no nvidia-smi
+    result = subprocess.run(["bash", "tools/gpu/acceptance.sh", "--bare"], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "cannot import torch" not in result.stdout and "the plan above is all" in result.stdout
+
+
 def test_with_the_gpu_lock_its_plan_is_bazel_test_of_everything_and_the_gpu_benchmarks(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "RL_PYTHON_LOCK": "gpu", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(["bash", "tools/gpu/acceptance.sh"], env=env, capture_output=True, text=True,
