@@ -13,7 +13,9 @@ GPU needed.
 
 import sys
 
-from absl import app, flags
+from absl import flags
+
+from rl.launch import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("direction", None, ("checkpoint_to_hf", "hf_to_megatron", "megatron_to_hf"), "Which way to convert.")
@@ -69,7 +71,8 @@ def training_checkpoint_to_hf(path: str, out_dir: str, hf_config: str | None, st
 
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+        print(f"error: unexpected arguments: {' '.join(argv[1:])}; `--help` lists the flags", file=sys.stderr)
+        return 2
     import rl.backends.registry  # noqa: F401  (the strategies' checkpoint readers)
     from rl.backends.megatron.hf_io import hf_to_megatron_checkpoint, megatron_checkpoint_to_hf
 
@@ -90,4 +93,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(app.run(main))
+    cli.run(main)

@@ -7,11 +7,7 @@ sigmoid or ipo, `dpo.beta`, an optional SFT term `dpo.sft_loss_weight`; checkpoi
 `dpo.*` keys: `rl.core.config.supervised.DpoConfig` (NeMo RL's `dpo:` names are read where they exist).
 """
 
-import sys
-
-from absl import app
-
-from rl.launch import supervised_cli
+from rl.launch import cli, supervised_cli
 
 if __name__ == "__main__":
-    sys.exit(app.run(lambda argv: supervised_cli.main("dpo", argv)))
+    cli.run(lambda argv: supervised_cli.main("dpo", argv), ("rl.launch.supervised_cli",))

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags
+from absl import flags
 
 from rl.core.data.errors import DataError
+from rl.launch import cli
 from rl.tasks.gsm8k.data import PrepareReport, read_gsm8k_dir, write_gsm8k
 
 FLAGS = flags.FLAGS
@@ -32,16 +33,18 @@ def prepare(output_dir: str, input_dir: str | None = None) -> PrepareReport:
     return write_gsm8k(splits, output_dir)
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> int:
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}; use --output_dir=DIR [--input=DIR]")
+        print(f"error: unexpected arguments: {' '.join(argv[1:])}; use --output_dir=DIR [--input=DIR]", file=sys.stderr)
+        return 2
     try:
         report = prepare(FLAGS.output_dir, FLAGS.input)
-    except DataError as err:
+    except DataError as err:  # refused before anything is written: exit 2, as every launcher's refusals
         print(f"prepare_gsm8k: {err}", file=sys.stderr)
-        sys.exit(1)
+        return 2
     print(report.describe())
+    return 0
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -7,11 +7,7 @@ demonstrations. `sft.*` keys: `rl.core.config.supervised.SftConfig` (SkyRL's `nu
 `batch_size` are read as trainer.max_steps, trainer.epochs, trainer.train_batch_size).
 """
 
-import sys
-
-from absl import app
-
-from rl.launch import supervised_cli
+from rl.launch import cli, supervised_cli
 
 if __name__ == "__main__":
-    sys.exit(app.run(lambda argv: supervised_cli.main("sft", argv)))
+    cli.run(lambda argv: supervised_cli.main("sft", argv), ("rl.launch.supervised_cli",))

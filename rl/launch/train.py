@@ -6,10 +6,11 @@ on CPU. Positional `key=value` arguments override config keys (lists as "['a','b
 
 import sys
 
-from absl import app, flags
+from absl import flags
 
 from rl.backends.registry import STRATEGIES
 from rl.core.config import ConfigError, load_config
+from rl.launch import cli
 from rl.launch.environment import apply_environment
 from rl.trainer.preflight.memory_plan import resolve_auto
 
@@ -62,4 +63,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(app.run(main))
+    cli.run(main)

@@ -121,7 +121,7 @@ def test_binary_parses_flags_and_expands_home(tmp_path):
 
 def test_binary_reports_bad_input_and_missing_flags(tmp_path):
     done = run_binary(tmp_path, "--output_dir=~/out", "--input=~/absent")
-    assert done.returncode == 1
+    assert done.returncode == 2  # refused before anything is written, as every launcher's refusals
     assert f"{tmp_path / 'absent'}: no such directory" in done.stderr
     done = run_binary(tmp_path, "--input=~/absent")
-    assert done.returncode != 0 and "output_dir" in done.stderr
+    assert done.returncode == 2 and "output_dir" in done.stderr

@@ -1,0 +1,46 @@
+"""What every launcher shares on its command line: `--help` prints the usage and every flag the launcher takes and
+exits 0; a flag that does not parse (unknown, or a config key written as `--key=value`) is a usage error, exit 2, with
+what to write instead. Exit codes, for all launchers: 0 done, 1 the run failed (its last line says why), 2 refused
+before anything started (the command line, the config, the data or the machine), 130 interrupted."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+
+from absl import app, flags
+
+HELP = ("-h", "--help", "--helpshort", "--helpfull", "-?")
+OVERRIDE_AS_FLAG = re.compile(r"^--?((?:trainer|generator|data|environment|sft|dpo)\.[\w.]+=.*)$")
+
+
+def run(main: Callable[[list[str]], int | None], flag_modules: tuple[str, ...] = ("__main__",)) -> None:
+    """`main` under absl with the conventions above; `flag_modules`: where the launcher's flags are defined."""
+    argv = sys.argv
+    if any(arg in HELP for arg in argv[1:]):
+        sys.exit(_help(flag_modules))
+    for arg in argv[1:]:
+        found = OVERRIDE_AS_FLAG.match(arg)
+        if found:
+            print(f"error: {arg}: config overrides are bare key=value arguments after the flags: write "
+                  f"{found.group(1)}", file=sys.stderr)
+            sys.exit(2)
+    try:
+        flags.FLAGS(argv, known_only=False)
+    except flags.Error as error:
+        print(f"error: {error}; `{argv[0]} --help` lists the flags", file=sys.stderr)
+        sys.exit(2)
+    flags.FLAGS.unparse_flags()
+    sys.exit(app.run(main))
+
+
+def _help(flag_modules: tuple[str, ...]) -> int:
+    doc = (sys.modules["__main__"].__doc__ or "").strip()
+    print(doc, end="\n\n")
+    print("flags:")
+    for module in flag_modules:
+        text = flags.FLAGS.main_module_help() if module == "__main__" else flags.FLAGS.module_help(module)
+        print("\n".join(line for line in text.splitlines() if not line.endswith(":") or line.startswith(" ")))
+    print("\nConfig overrides follow the flags as bare key=value arguments (lists as \"['a','b']\"), not --key=value.")
+    return 0

@@ -1,0 +1,45 @@
+"""Every launcher's command line follows one set of conventions (`rl.launch.cli`): `--help` exits 0 and lists every
+flag the launcher takes (the shared ones included); a config key written as a flag (`--trainer.seed=3`, a Hydra
+habit) and an unknown flag are usage errors, exit 2, the first with what to write instead."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+FLAGS = {
+    "train": ("--strategy", "--config", "--run_dir", "--ray_address"),
+    "sft": ("--strategy", "--config", "--run_dir", "--ray_address"),
+    "dpo": ("--strategy", "--config", "--run_dir", "--ray_address"),
+    "convert": ("--direction", "--input", "--output"),
+    "prepare_gsm8k": ("--output_dir", "--input"),
+}
+
+
+def _launch(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"rl.launch.{name}", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("name", FLAGS)
+def test_help_exits_0_listing_every_flag(name):
+    done = _launch(name, "--help")
+    assert done.returncode == 0, done.stdout + done.stderr
+    listed = {line.split(":")[0].strip() for line in done.stdout.splitlines() if line.strip().startswith("--")}
+    assert set(FLAGS[name]) <= listed, (name, sorted(listed))
+    assert "bare key=value" in done.stdout
+
+
+def test_a_config_key_written_as_a_flag_says_what_to_write():
+    done = _launch("train", "--trainer.seed=3")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == ("error: --trainer.seed=3: config overrides are bare key=value "
+                                                    "arguments after the flags: write trainer.seed=3")
+
+
+def test_an_unknown_flag_is_a_usage_error():
+    done = _launch("sft", "--run_dri=/tmp/x")
+    assert done.returncode == 2
+    assert "run_dri" in done.stderr and "--help` lists the flags" in done.stderr
