@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from rl.backends.planner import (
+    STRATEGY_ORDER,
     Estimate,
     PlanInputs,
     ShapeError,
@@ -111,8 +112,9 @@ def alternative(cfg, inputs: PlanInputs, current: Estimate) -> Estimate | None:
 def memory_problems(cfg) -> list[str]:
     """Preflight's check: the configured layout's predicted peak against one GPU, with the numbers and a layout
     that fits (or how to get one), unless trainer.placement.allow_predicted_oom. Nothing is judged when the GPU
-    memory or the model's config.json is unknown here."""
-    if cfg.trainer.placement.allow_predicted_oom:
+    memory or the model's config.json is unknown here, nor a strategy the planner has no memory model of (a
+    registered plugin)."""
+    if cfg.trainer.placement.allow_predicted_oom or cfg.trainer.strategy not in STRATEGY_ORDER:
         return []
     gpu, source = gpu_memory(cfg)
     inputs = plan_inputs(cfg, gpu) if gpu is not None else None
@@ -131,8 +133,8 @@ def host_memory_problems(cfg, root: str = "/") -> list[str]:
     """Preflight's check on a machine without GPUs, where every training worker is a process of this host: the
     planner's peak per worker (planned for CPU processes: fp32 unless trainer.bf16) times the workers, against the
     memory this host has available (its cgroup's limit where lower), unless trainer.placement.allow_predicted_oom.
-    `root`: where /proc and /sys are (a test's copy)."""
-    if cfg.trainer.placement.allow_predicted_oom:
+    `root`: where /proc and /sys are (a test's copy). A strategy the planner has no memory model of is not judged."""
+    if cfg.trainer.placement.allow_predicted_oom or cfg.trainer.strategy not in STRATEGY_ORDER:
         return []
     inputs = plan_inputs(cfg, None, on_gpu=False)
     if inputs is None:
