@@ -30,8 +30,8 @@ WEIGHT_SOURCES = ("model.py", "prepare.py", "task.py", "tokenizer.py", "warmup.p
 # strategy's backend module is added through the registry (`run_source_files`).
 RUN_SOURCES = ("core/config/defaults.yaml", "core/data/supervised.py", "core/packing/batch.py",
                "core/packing/builders.py", "core/algorithms/sft_loss.py", "core/algorithms/lr_schedule.py",
-               "trainer/supervised.py", "trainer/sft_loop.py", "backends/base.py", "backends/hf_forward.py",
-               "backends/hf_model.py", "backends/worker.py")
+               "trainer/supervised/driver.py", "trainer/supervised/sft_loop.py", "backends/base.py",
+               "backends/hf_forward.py", "backends/hf_model.py", "backends/worker.py")
 RL_PACKAGE = SOURCES.parents[1]
 
 
