@@ -378,6 +378,8 @@ def test_with_a_real_engine_trajectories_are_the_sampled_ids_and_the_templated_t
         return rollouts
 
     monkeypatch.setattr(agents_module, "load_object", lambda reference, key: two_turn_agent)
+    # each turn's four calls in one batch, as the seeds below were chosen for, however loaded the machine
+    monkeypatch.setattr(endpoint.batcher, "linger_s", 30.0)
     records = [record(3, 4, 0), record(10, 20, 1)]
     trajectories = agents(endpoint, "two.py:run").run(generate, records, [[], []],
                                                       SamplingParams(n=2, max_new_tokens=6, seed=1))
