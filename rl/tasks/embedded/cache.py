@@ -11,6 +11,8 @@ a damaged entry is rebuilt, never used.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -121,6 +123,29 @@ def cached_checkpoint(recipe, root: Path, build: Callable[[Path], object],
               f"directory (set {CACHE_ENV} to a writable directory to keep it)", file=sys.stderr, flush=True)
         return None
     entry = parent / entry_key(recipe, family)
+    with _building(parent / f".{entry.name}.lock", entry, log):
+        return _verified_or_built(entry, recipe, build, log, family)
+
+
+@contextlib.contextmanager
+def _building(lock_path: Path, entry: Path, log: Callable[[str], None] | None):
+    """One process at a time checks and builds an entry: two runs started together (or two test targets) wait for
+    one warm-up instead of paying two on the same cores."""
+    with open(lock_path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"embedded model cache: another process is building {entry.name}; waiting for it", file=sys.stderr,
+                  flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _verified_or_built(entry: Path, recipe, build: Callable[[Path], object], log: Callable[[str], None] | None,
+                       family: Family) -> Path:
     if entry.exists():
         problems = damage(entry, recipe)
         if not problems:
@@ -129,7 +154,7 @@ def cached_checkpoint(recipe, root: Path, build: Callable[[Path], object],
             return entry
         print(f"embedded model cache: {entry} is damaged ({'; '.join(problems)}); rebuilding it", file=sys.stderr,
               flush=True)
-        retired = Path(tempfile.mkdtemp(prefix=f".{entry.name}.damaged.", dir=parent))
+        retired = Path(tempfile.mkdtemp(prefix=f".{entry.name}.damaged.", dir=entry.parent))
         os.replace(entry, retired / entry.name)
         shutil.rmtree(retired, ignore_errors=True)
     build(entry)

@@ -118,3 +118,39 @@ def test_the_cache_dir_comes_from_the_environment(monkeypatch, tmp_path):
     assert default_cache_dir() == tmp_path / "home" / ".cache" / "rlpost"
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
     assert default_cache_dir() == tmp_path / "mine"
+
+
+def test_two_processes_asking_at_once_pay_one_warm_up(tmp_path):
+    """Two runs (or two test targets) started together: the second waits for the first's entry instead of warming up
+    beside it on the same cores. Each process's build records itself and takes a second, so that they overlap."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import json, os, sys, time
+        from dataclasses import asdict
+        from pathlib import Path
+        from rl.tasks.embedded import cache
+        from rl.tasks.embedded.prepare import Recipe
+
+        def build(entry):
+            with open({str(tmp_path / "builds")!r}, "a") as f:
+                f.write(str(os.getpid()) + "\\n")
+            time.sleep(1.0)
+            staging = entry.with_name(entry.name + ".staging")
+            staging.mkdir()
+            (staging / "model.bin").write_bytes(b"weights")
+            marker = {{"recipe": asdict(Recipe(seed=1)), "metrics": {{}}, "files": cache.file_digests(staging)}}
+            (staging / cache.MARKER).write_text(json.dumps(marker))
+            os.replace(staging, entry)
+
+        print(cache.cached_checkpoint(Recipe(seed=1), Path(sys.argv[1]), build, None))
+    """)
+    runs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "cache")], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [run.communicate(timeout=120) for run in runs]
+    assert all(run.returncode == 0 for run in runs), outputs
+    assert len((tmp_path / "builds").read_text().splitlines()) == 1, "both processes warmed up"
+    assert outputs[0][0] == outputs[1][0]
+    assert sum("another process is building" in err for _, err in outputs) == 1
