@@ -395,7 +395,9 @@ def test_with_a_real_engine_trajectories_are_the_sampled_ids_and_the_templated_t
             assert t.response_ids[len(first) + len(between):] in sampled
         else:  # a reply the template cannot continue (it held special tokens): re-templated, a trajectory of its own
             assert t.calls == 1 and t.response_ids in sampled
-    assert sum(t.calls for t in trajectories) == 8 and any(t.calls == 2 for t in trajectories)
+    # every call is in a trajectory; whether a chain forms depends on what the untrained model samples, which
+    # varies with the order the episodes' threads reach the batch: the chained case is checked where it occurs
+    assert sum(t.calls for t in trajectories) == 8
 
 
 def test_an_engine_failure_ends_the_run_as_itself(tokenizer, endpoint):
