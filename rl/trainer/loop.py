@@ -99,7 +99,7 @@ class Trainer:
         self.on_policy = self.kl_in_reward is None and skips_old_logprob_pass(
             cfg, is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size,
                               cfg.trainer.update_epochs_per_batch))
-        self.ckpt_root = cfg.trainer.ckpt_path or os.path.join(run_dir, "checkpoints")
+        self.ckpt_root = checkpoint.root_of(cfg, run_dir)
         self.metrics = MetricsLogger(run_dir, list(cfg.trainer.logger), cfg.trainer.project_name,
                                      cfg.trainer.run_name, config_to_dict(cfg))
         self.position = BatchPosition(0, 0)  # after the last trained batch: what a checkpoint saves

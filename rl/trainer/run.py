@@ -116,10 +116,6 @@ def _raised(text: str) -> str | None:
     return None
 
 
-def _checkpoints(cfg, run_dir: str) -> str:
-    return cfg.trainer.ckpt_path or os.path.join(run_dir, "checkpoints")
-
-
 def resuming(cfg):
     """`cfg` resuming from the newest complete checkpoint, or from the start (its metrics rows dropped) without
     one: the setting a person would pass to resume the run by hand."""
@@ -217,7 +213,7 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
                     raise
                 failed_at, restarts = time.monotonic(), restarts + 1
                 step = trainer.current_step if trainer is not None else 0
-                latest = checkpoint.latest(_checkpoints(cfg, run_dir), log=lambda _: None)
+                latest = checkpoint.latest(checkpoint.root_of(cfg, run_dir), log=lambda _: None)
                 print(f"warning: {what} at step {step}; the run's actors start again from "
                       f"{latest or 'the first step'} (restart {restarts} of {cfg.trainer.max_restarts})", flush=True)
                 _tear_down(trainer, started)
@@ -225,16 +221,16 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
                 cfg = resuming(cfg)
     except KeyboardInterrupt:
         step = trainer.current_step if trainer is not None else 0
-        latest = checkpoint.latest(_checkpoints(cfg, run_dir))
+        latest = checkpoint.latest(checkpoint.root_of(cfg, run_dir))
         raise Interrupted(step, latest) from None
     except (RayActorError, RayTaskError, ActorHung) as error:
         what = _actor_failure(trainer, error, run_dir)
         if what is None:
             raise
-        latest = checkpoint.latest(_checkpoints(cfg, run_dir), log=lambda _: None)
+        latest = checkpoint.latest(checkpoint.root_of(cfg, run_dir), log=lambda _: None)
         raise ActorFailed(what, trainer.current_step if trainer is not None else 0, latest) from None
     except (RewardError, SamplingExhausted, NonFiniteError, WriteFailed) as error:
-        latest = checkpoint.latest(_checkpoints(cfg, run_dir), log=lambda _: None)
+        latest = checkpoint.latest(checkpoint.root_of(cfg, run_dir), log=lambda _: None)
         raise RunFailed(str(error), trainer.current_step if trainer is not None else 0, latest) from None
     finally:
         if trainer is not None:

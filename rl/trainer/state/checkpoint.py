@@ -18,6 +18,11 @@ MANIFEST = "MANIFEST.json"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
+def root_of(cfg, run_dir: str) -> str:
+    """Where a run's checkpoints go: trainer.ckpt_path, else RUN_DIR/checkpoints."""
+    return cfg.trainer.ckpt_path or os.path.join(run_dir, "checkpoints")
+
+
 def step_dir(root: str, step: int) -> str:
     return os.path.join(root, f"global_step_{step}")
 

@@ -58,7 +58,7 @@ class SupervisedTrainer:
         come up in `start`."""
         self.cfg, self.run_dir, self.model_path, self.num_rows = cfg, run_dir, model_path, num_rows
         self.max_length, self.with_ref, self.paired = max_length, with_ref, paired
-        self.ckpt_root = cfg.trainer.ckpt_path or os.path.join(run_dir, "checkpoints")
+        self.ckpt_root = checkpoint.root_of(cfg, run_dir)
         self.group = self.ref_group = None
         self.current_step = 0
 
