@@ -1,7 +1,10 @@
 """py_pytest_test: a py_test whose main runs pytest over its srcs, so pytest's own summary appears in the log.
 
-py_pytest_tests: one py_pytest_test per test file, for a directory whose tests share their dependencies.
+py_pytest_tests: one py_pytest_test per test file, for a directory whose tests share their dependencies, or one
+per group of files (fast unit tests: each target pays the interpreter's, pytest's and torch's start, ~2-3 s).
 """
+
+_SIZES = ["small", "medium", "large", "enormous"]
 
 def py_pytest_test(name, srcs, deps = [], data = [], args = [], tags = [], size = "small", env = {}, **kwargs):
     """One Bazel test target running pytest on `srcs`.
@@ -22,23 +25,38 @@ def py_pytest_test(name, srcs, deps = [], data = [], args = [], tags = [], size 
         **kwargs
     )
 
-def py_pytest_tests(srcs, deps = [], data = [], size = "small", sizes = {}, tags = {}, extra_deps = {}, **kwargs):
+def py_pytest_tests(srcs, deps = [], data = [], size = "small", sizes = {}, tags = {}, extra_deps = {}, groups = {},
+                    **kwargs):
     """One py_pytest_test per file of `srcs`, named after the file: `test_foo.py` becomes `:test_foo`.
 
     Every target gets `deps`, `data` and `size`; `sizes`, `tags` and `extra_deps` map a target's name to its own
-    size, its tags and the deps it needs beyond `deps`. A target that differs in anything else (data, env, gpu
-    tags) is clearer as its own py_pytest_test, left out of `srcs`.
+    size, its tags and the deps it needs beyond `deps`. `groups` maps a target's name to the files (names without
+    `.py`) it runs together in one pytest process instead of one target each: its size is the largest of its
+    files', its tags and extra deps theirs together. A target that differs in anything else (data, env, gpu tags) is
+    clearer as its own py_pytest_test, left out of `srcs`.
     """
     names = []
     for src in srcs:
         if not src.endswith(".py") or "/" in src:
             fail("py_pytest_tests takes test files of this package, got %s" % src)
         names.append(src[:-len(".py")])
+    grouped = {}
+    for group, members in groups.items():
+        if group in names:
+            fail("py_pytest_tests: group %s has the name of a test file" % group)
+        for member in members:
+            if member not in names:
+                fail("py_pytest_tests: group %s names %s, not one of %s" % (group, member, names))
+            if member in grouped:
+                fail("py_pytest_tests: %s is in groups %s and %s" % (member, grouped[member], group))
+            grouped[member] = group
     for per_target in (sizes, tags, extra_deps):
         for name in per_target:
-            if name not in names:
-                fail("py_pytest_tests: %s is not one of the targets %s" % (name, names))
+            if name not in names and name not in groups:
+                fail("py_pytest_tests: %s is not one of the targets %s" % (name, names + groups.keys()))
     for src, name in zip(srcs, names):
+        if name in grouped:
+            continue
         py_pytest_test(
             name = name,
             srcs = [src],
@@ -46,5 +64,21 @@ def py_pytest_tests(srcs, deps = [], data = [], size = "small", sizes = {}, tags
             data = data,
             size = sizes.get(name, size),
             tags = tags.get(name, []),
+            **kwargs
+        )
+    for group, members in groups.items():
+        group_deps, group_tags = list(deps), []
+        group_size = _SIZES.index(sizes.get(group, size))
+        for member in members + [group]:
+            group_deps += [dep for dep in extra_deps.get(member, []) if dep not in group_deps]
+            group_tags += [tag for tag in tags.get(member, []) if tag not in group_tags]
+            group_size = max(group_size, _SIZES.index(sizes.get(member, size)))
+        py_pytest_test(
+            name = group,
+            srcs = [member + ".py" for member in members],
+            deps = group_deps,
+            data = data,
+            size = _SIZES[group_size],
+            tags = group_tags,
             **kwargs
         )
