@@ -1,7 +1,7 @@
-"""A generation engine or a training worker SIGKILLed in the middle of an asynchronous run, or an engine stopped
-(SIGSTOP: it hangs, and trainer.actor_call_timeout_s is 15 s): the launcher ends within 60 s with exit code 1 and
-one line naming the actor (what it is, host, Ray node, pid), the step and the last complete checkpoint, which stays
-intact; no traceback."""
+"""A generation engine SIGKILLed in the middle of an asynchronous run, or stopped (SIGSTOP: it hangs, and
+trainer.actor_call_timeout_s is 15 s): the launcher ends within 60 s with exit code 1 and one line naming the actor
+(what it is, host, Ray node, pid), the step and the last complete checkpoint, which stays intact; no traceback. A
+training worker's death is named by the same words (`run._actor_failure`): test_recovery kills one and checks them."""
 
 import os
 import re
@@ -20,8 +20,6 @@ RUN = ["trainer.placement.colocate_all=false", "trainer.fully_async.enabled=true
 ENGINE = r"generation engine 0 \(\S+ node \S+ pid {pid} \(cpu, CPU cores \[0\]\)\)"
 CASES = {  # victim: (its pid in the log, signal, how the last line names it)
     "engine": (r"engine 0: \S+ node \S+ pid (\d+)", signal.SIGKILL, ENGINE + r" died \(.*\)"),
-    "worker": (r"rank 1: \S+ node \S+ pid (\d+)", signal.SIGKILL,
-               r"training worker rank 1 \(\S+ node \S+ pid {pid}\) died \(.*\)"),
     # a stopped engine holds up whoever waits on it (rank 0 streaming weights to it): all of them are named
     "hung-engine": (r"engine 0: \S+ node \S+ pid (\d+)", signal.SIGSTOP,
                     r"(.*, )?" + ENGINE + r"(, .*)? did not answer within 15 s \(trainer\.actor_call_timeout_s\)"),

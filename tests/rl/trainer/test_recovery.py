@@ -71,11 +71,13 @@ def test_killed_actors_are_recovered_and_the_run_ends_as_if_uninterrupted(job, t
     proc = start_train(run_dir, _overrides(job, 2), output=log)
     try:
         _wait_for(proc, lambda: os.path.isdir(checkpoint.step_dir(root, 1)), "the run did not reach step 1")
-        os.kill(_last_pid(log_path.read_text(), VICTIMS["engine"]), signal.SIGKILL)
+        engine = _last_pid(log_path.read_text(), VICTIMS["engine"])
+        os.kill(engine, signal.SIGKILL)
         _wait_for(proc, lambda: "recovered in" in log_path.read_text(), "the run did not recover from the engine")
         _wait_for(proc, lambda: os.path.isdir(checkpoint.step_dir(root, 2)), "the run did not reach step 2")
         restarted = log_path.read_text().split("start again from", 1)[1]  # the actors started after the warning
-        os.kill(_last_pid(restarted, VICTIMS["worker"]), signal.SIGKILL)
+        worker = _last_pid(restarted, VICTIMS["worker"])
+        os.kill(worker, signal.SIGKILL)
         code = proc.wait(timeout=300)
         output = log_path.read_text()
     finally:
@@ -84,9 +86,10 @@ def test_killed_actors_are_recovered_and_the_run_ends_as_if_uninterrupted(job, t
     assert code == 0, output[-4000:]
     warnings = [line for line in output.splitlines() if line.startswith("warning: ") and "start again" in line]
     assert len(warnings) == 2, warnings
-    for warning, (victim, restart) in zip(warnings, [("generation engine 0", 1), ("training worker rank 1", 2)],
-                                          strict=True):
-        assert re.fullmatch(rf"warning: {victim} .* died \(.*\) at step \d; the run's actors start again from "
+    named = [rf"generation engine 0 \(\S+ node \S+ pid {engine} \(cpu, CPU cores \[\d+\]\)\)",
+             rf"training worker rank 1 \(\S+ node \S+ pid {worker}\)"]
+    for warning, victim, restart in zip(warnings, named, (1, 2), strict=True):
+        assert re.fullmatch(rf"warning: {victim} died \(.*\) at step \d; the run's actors start again from "
                             rf".*global_step_\d \(restart {restart} of 2\)", warning), warning
         assert re.search(rf"^recovered in \d+\.\d s \(restart {restart} of 2, trainer\.max_restarts\)$", output,
                          re.M), output[-3000:]

@@ -2,9 +2,10 @@
 send the new weights to the engine in buckets (shared by handle through /dev/shm, the default for an engine on
 the workers' host; one layout through Ray's object store), so at step 2 the engine samples from the weights step 1
 trained and its rollout logprobs equal the trainer's old logprobs of the same weights
-(`rollout_logprob_abs_diff_max`, logged every step with vllm): fsdp2 and fsdp on 2 workers (fsdp names the tied
-embedding once, as DeepSpeed does, so the engine must reach its LM head under the embedding's name), and megatron
-with TP=2 x PP=2 on 4. Every strategy's buckets, DeepSpeed ZeRO-2 and ZeRO-3 among them, are checked against its
+(`rollout_logprob_abs_diff_max`, logged every step with vllm): fsdp on 2 workers (fsdp names the tied embedding
+once, as DeepSpeed does, so the engine must reach its LM head under the embedding's name), and megatron with
+TP=2 x PP=2 on 4. fsdp2 on 2 workers, each feeding an engine of its own, is test_engine_feeds' run, with the same
+checks. Every strategy's buckets, DeepSpeed ZeRO-2 and ZeRO-3 among them, are checked against its
 own full state dict in `tests/rl/backends/test_weight_buckets.py`.
 
 The control, in the same run: an engine never synced would sample step 2 from the initial weights, which are the
@@ -21,7 +22,6 @@ from tests.testing import tolerances
 from tests.testing.tiny_job import ENGINE_KV_CACHE, make_tiny_job, run_train
 
 LAYOUTS = {
-    "fsdp2": ["trainer.strategy=fsdp2"],
     "fsdp": ["trainer.strategy=fsdp", "generator.weight_sync_backend=ray"],  # Ray's object store; the others ipc
     # one run gathers over both: each tensor-parallel rank's slices and each pipeline stage's layers
     "megatron-tp2-pp2": ["trainer.strategy=megatron", "trainer.policy.megatron_config.tensor_model_parallel_size=2",
