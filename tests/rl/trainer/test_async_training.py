@@ -1,8 +1,7 @@
 """Generation on devices of its own and overlapping training, through the launcher on the tiny job.
 
-Oracles: the colocated synchronous run (an engine on its own core must train the same: same step-1 loss), the
-synchronous run on the same placement (`trainer.fully_async` with max_staleness_steps=0 must give the same metrics
-at every step; these three runs play multi-turn episodes, which the queue plays in a thread of its own), the
+Oracles: the synchronous run on the same placement (`trainer.fully_async` with max_staleness_steps=0 must give the
+same metrics at every step; both runs play multi-turn episodes, which the queue plays in a thread of its own), the
 staleness bound itself (each step's `policy_lag`, the version the engines reported for its
 rollouts, never exceeds it, and reaches it once the queue is full), and learning: the embedded default trained
 asynchronously still reaches 0.7 validation accuracy at step 40."""
@@ -51,15 +50,13 @@ def separate(job, tmp_path_factory):
     return _run(job, str(tmp_path_factory.mktemp("separate")), [*SEPARATE, *EPISODES])
 
 
-def test_engine_on_its_own_core_trains_like_the_colocated_run(job, separate, tmp_path):
-    colocated, _ = _run(job, str(tmp_path / "colocated"), EPISODES, steps=1)  # step 1 is what is compared
-    rows, stdout = separate
+def test_engine_on_its_own_core(separate):
+    """Placed as said. That the placement changes no number (the same seeds, weights and micro-batches) is
+    test_critic_training's `fsdp2-critic-group-2w`, whose engine sits on a core of its own beside a colocated
+    reference."""
+    _, stdout = separate
     assert "1 engine(s) on their own 1 device(s) each (CPU cores: engines [(0,)], workers [1])" in stdout
     assert "hf engine on engine 0:" in stdout and "CPU cores [0]" in stdout
-    # the engine's placement changes neither the rollouts (same seeds, same weights) nor the training layout (one
-    # policy worker, the reference beside it, the same micro-batches): the same operations in the same order
-    for key in COMPARED:
-        assert rows[0][key] == colocated[0][key], (key, rows[0][key], colocated[0][key])
 
 
 def test_no_staleness_is_the_synchronous_schedule_whatever_the_transport_and_reference(job, separate, tmp_path):

@@ -52,36 +52,30 @@ def _assert_same_steps(run_dir: str, expected: dict[int, dict]) -> None:
             assert row[key] == expected[row["step"]][key], (row["step"], key, row[key], expected[row["step"]][key])
 
 
-def test_killed_during_checkpoint_resumes_like_an_uninterrupted_run(job, tmp_path, expected):
-    crashed_dir = str(tmp_path / "crashed")
-
-    crashed = run_train(crashed_dir, _overrides(job),
-                        env_extra={"RL_KILL_AT": "checkpoint_written:2"})
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
-    root = os.path.join(crashed_dir, "checkpoints")
-    assert os.path.isdir(os.path.join(root, "global_step_2.partial")), os.listdir(root)
-    assert checkpoint.latest(root) == os.path.join(root, "global_step_1")
-
-    resumed = run_train(crashed_dir, [*_overrides(job), "trainer.resume_mode=latest"])
-    assert resumed.returncode == 0, resumed.stderr[-5000:]
-    assert "resumed from" in resumed.stdout and "global_step_1 (step 1)" in resumed.stdout
-
-    _assert_same_steps(crashed_dir, expected)
-    assert checkpoint.latest(root) == os.path.join(root, f"global_step_{STEPS}")
-
-
-def test_crash_before_the_first_checkpoint_then_resume_logs_each_step_once(job, tmp_path, expected):
-    """Nothing complete to resume from: the run starts over and the earlier attempt's rows (and a line torn by the
-    crash) do not stay in metrics.jsonl."""
+def test_crashes_in_checkpoint_writes_resume_like_an_uninterrupted_run(job, tmp_path, expected):
+    """SIGKILLed while writing the first checkpoint: nothing complete to resume from, so the next attempt starts over,
+    and the earlier attempt's rows (and a line torn by the crash) do not stay in metrics.jsonl. That attempt is
+    SIGKILLed while writing step 3's checkpoint: the last attempt resumes from step 2's, never from the half-written
+    one, and logs what a run never interrupted logged, each step once."""
     run_dir = str(tmp_path / "crashed")
+    root = os.path.join(run_dir, "checkpoints")
     crashed = run_train(run_dir, _overrides(job), env_extra={"RL_KILL_AT": "checkpoint_written:1"})
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
-    assert checkpoint.latest(os.path.join(run_dir, "checkpoints")) is None
+    assert checkpoint.latest(root) is None
     with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
         f.write('{"step": 2, "loss": 0.')  # a write cut short by the crash
+
+    crashed = run_train(run_dir, [*_overrides(job), "trainer.resume_mode=latest"],
+                        env_extra={"RL_KILL_AT": "checkpoint_written:3"})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert os.path.isdir(os.path.join(root, "global_step_3.partial")), os.listdir(root)
+    assert checkpoint.latest(root) == os.path.join(root, "global_step_2")
+
     resumed = run_train(run_dir, [*_overrides(job), "trainer.resume_mode=latest"])
     assert resumed.returncode == 0, resumed.stderr[-5000:]
+    assert "resumed from" in resumed.stdout and "global_step_2 (step 2)" in resumed.stdout
     _assert_same_steps(run_dir, expected)
+    assert checkpoint.latest(root) == os.path.join(root, f"global_step_{STEPS}")
 
 
 def test_fresh_run_refuses_a_used_run_dir(job, tmp_path):

@@ -1,6 +1,7 @@
 """The parity contract for the features that change how a step is computed, end to end through the real launcher:
 the fused chunked loss (`trainer.policy.use_fused_kernels`) under fsdp2 and megatron, Ulysses over both workers
-(`trainer.policy.sequence_parallel_size=2`) under fsdp2 and fsdp, and megatron's context parallelism
+(`trainer.policy.sequence_parallel_size=2`) under fsdp2 (fsdp's, alone and with DP=2, is
+tests/rl/backends/test_ulysses.py's: the key reaches either backend the same way), and megatron's context parallelism
 (`megatron_config.context_parallel_size=2`) run the same steps as fsdp2 on 1 worker with packing and end with the same
 weights. Run and comparison as in test_trainer_parity (`tests.testing.parity`). ZeRO-3 on 2 workers is held to the
 same reference in test_critic_training (its policy's steps and export, a critic beside it) and test_lora_training.
@@ -18,7 +19,6 @@ LAYOUTS = {
     "fsdp2-2w-fused-loss": ("fsdp2", 2, True, FUSED),
     "megatron-2w-fused-loss": ("megatron", 2, True, FUSED),
     "fsdp2-2w-ulysses": ("fsdp2", 2, True, ULYSSES),
-    "fsdp-2w-ulysses": ("fsdp", 2, True, ULYSSES),
     "megatron-2w-context-parallel": ("megatron", 2, True, CONTEXT),
 }
 
