@@ -25,8 +25,16 @@ def py_pytest_test(name, srcs, deps = [], data = [], args = [], tags = [], size 
         **kwargs
     )
 
-def py_pytest_tests(srcs, deps = [], data = [], size = "small", sizes = {}, tags = {}, extra_deps = {}, groups = {},
-                    **kwargs):
+def py_pytest_tests(
+        srcs,
+        deps = [],
+        data = [],
+        size = "small",
+        sizes = {},
+        tags = {},
+        extra_deps = {},
+        groups = {},
+        **kwargs):
     """One py_pytest_test per file of `srcs`, named after the file: `test_foo.py` becomes `:test_foo`.
 
     Every target gets `deps`, `data` and `size`; `sizes`, `tags` and `extra_deps` map a target's name to its own
