@@ -15,7 +15,7 @@ from rl.core.config.defaults import JOB_FILES, default_tree, embedded_job_tree
 from rl.core.config.dialects import DIALECTS, Item, Report, translate
 from rl.core.config.dialects.nemo_files import read_config_file
 from rl.core.config.errors import Problems
-from rl.core.config.keys import lookup
+from rl.core.config.keys import known, lookup
 from rl.core.config.merge import flatten, merge_free, set_key
 from rl.core.config.overrides import parse_value, split_override
 from rl.core.config.schema import Config
@@ -83,10 +83,21 @@ def _resolve_auto(tree: dict[str, Any], auto, problems: Problems, report: Report
 
 
 def _layered(tree: dict[str, Any], overrides: Sequence[str], config_file: str | None, strategy: str | None):
+    """The file's items and the overrides' in one layer, the overrides after: a dialect rule that reads several keys
+    together (NeMo RL's data blocks) sees the command line's values over the file's, as every other key does."""
     problems, report = Problems(), Report()
-    if config_file is not None:
-        _apply_file(tree, config_file, problems, report)
-    _apply_overrides(tree, overrides, problems, report)
+    items = _file_items(config_file, problems) if config_file is not None else []
+    items = _with_overrides(items, overrides, problems)
+    for item in translate(items, tree, problems, report, DIALECTS):
+        if item.raw:  # a key=value text, typed by the key of ours it lands on
+            node = lookup(item.key, problems)
+            if node is None:
+                continue
+            ok, value = parse_value(item.key, item.value, node, problems)
+            if ok:
+                set_key(tree, item.key, value, problems)
+        else:
+            set_key(tree, item.key, item.value, problems)
     if strategy is not None:
         set_key(tree, "trainer.strategy", strategy, problems)
     _expand_paths(tree)
@@ -153,30 +164,35 @@ def save_config(cfg: Config, path: str) -> None:
     write_atomic(path, dump_yaml(config_to_dict(cfg)))
 
 
-def _apply_file(tree: dict[str, Any], path: str, problems: Problems, report: Report) -> None:
+def _file_items(path: str, problems: Problems) -> list[Item]:
     data = read_config_file(path)
     if data is None:
-        return
+        return []
     if not isinstance(data, Mapping):
         problems.add(f"config file {path}", "must hold a mapping of sections (trainer:, generator:, data:, ...)")
-        return
-    items = [Item(key, value, False) for key, value in flatten(data)]
-    for item in translate(items, tree, problems, report, DIALECTS):
-        set_key(tree, item.key, item.value, problems)
+        return []
+    return [Item(key, value, False) for key, value in flatten(data)]
 
 
-def _apply_overrides(tree: dict[str, Any], overrides: Sequence[str], problems: Problems, report: Report) -> None:
+def _with_overrides(items: list[Item], overrides: Sequence[str], problems: Problems) -> list[Item]:
+    """`items` followed by the overrides' (`key=value`), Hydra's `~key` dropping what the items before it set for
+    `key` or under it (a key of ours goes back to its default)."""
     if isinstance(overrides, str):
         raise TypeError("load_config takes a list of key=value strings, not one string")
-    split = [override for text in overrides if (override := split_override(text, problems)) is not None]
-    items = [Item(override.key, override.raw, True) for override in split]
-    for item in translate(items, tree, problems, report, DIALECTS):
-        node = lookup(item.key, problems)
-        if node is None:
+    items = list(items)
+    for text in overrides:
+        if text.startswith("~"):
+            key = text[1:].partition("=")[0].strip()
+            kept = [item for item in items if not (item.key == key or item.key.startswith(key + "."))]
+            if len(kept) == len(items) and not known(key):
+                problems.add(text, f"nothing sets {key} to delete (Hydra's ~key drops a key the config file or an "
+                                   "earlier override sets); check the name")
+            items = kept
             continue
-        ok, value = parse_value(item.key, item.value, node, problems) if item.raw else (True, item.value)
-        if ok:
-            set_key(tree, item.key, value, problems)
+        override = split_override(text, problems)
+        if override is not None:
+            items.append(Item(override.key, override.raw, True))
+    return items
 
 
 def _expand_paths(tree: dict[str, Any]) -> None:

@@ -133,3 +133,48 @@ def test_unsupported_nemo_key_names_it_and_suggests():
 def test_switch_must_be_boolean():
     with pytest.raises(ConfigError, match=r"policy\.megatron_cfg\.enabled: expected true or false"):
         load_config(["policy.megatron_cfg.enabled=maybe"])
+
+
+@pytest.fixture
+def local_rows(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"question": ["1 + 1?"], "answer": ["2"]}), path)
+    return str(path)
+
+
+def test_command_line_data_blocks_win_over_the_recipe_file(local_rows):
+    """NeMo RL's way to train its recipe on local data, from the command line: the recipe's hub dataset, columns and
+    prompt file give way to the overrides, which its data rule reads together with the file's keys."""
+    from tests.rl.core.config.upstream_configs import NEMO_1B
+
+    cfg = load_config(["data.train.dataset_name=ResponseDataset", f"data.train.data_path={local_rows}",
+                       "data.train.input_key=question", "data.train.output_key=answer",
+                       "data.default.prompt_file=null"], config_file=NEMO_1B)
+    assert cfg.data.train_data == [local_rows]
+    assert (cfg.data.prompt_key, cfg.data.answer_key, cfg.data.prompt_template_file) == ("question", "answer", None)
+    # the recipe's dataset_name set to null, or dropped with Hydra's ~key, gives way to data_path the same way
+    for dropped in ("data.train.dataset_name=null", "~data.train.dataset_name"):
+        cfg = load_config([dropped, f"data.train.data_path={local_rows}", "data.default.prompt_file=null"],
+                          config_file=NEMO_1B)
+        assert cfg.data.train_data == [local_rows], dropped
+    with pytest.raises(ConfigError, match="OpenMathInstruct-2"):  # the control: the recipe's own dataset is refused
+        load_config(["data.default.prompt_file=null"], config_file=NEMO_1B)
+
+
+def test_hydra_delete_and_add_prefixes(tmp_path):
+    """`~key` drops what the file (or an earlier override) set for the key and everything under it, so a key of
+    ours is back at its default; `+key=` / `++key=` set it either way; `~` of a key nothing sets is named."""
+    config = tmp_path / "run.yaml"
+    config.write_text("trainer: {seed: 3, policy: {optimizer_config: {lr: 0.5, weight_decay: 0.1}}}\n",
+                      encoding="utf-8")
+    defaults = load_config([])
+    dropped = load_config(["~trainer.seed", "~trainer.policy.optimizer_config"], config_file=str(config))
+    assert dropped.trainer.seed == defaults.trainer.seed != 3
+    assert dropped.trainer.policy.optimizer_config == defaults.trainer.policy.optimizer_config
+    assert load_config(["~trainer.seed", "++trainer.seed=5"], config_file=str(config)).trainer.seed == 5
+    assert load_config(["+trainer.seed=6"], config_file=str(config)).trainer.seed == 6
+    with pytest.raises(ConfigError, match=r"~trainer\.sede: nothing sets trainer\.sede to delete"):
+        load_config(["~trainer.sede"], config_file=str(config))
