@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GRPO on GSM8K with Qwen2.5-1.5B-Instruct on one node of NUM_GPUS GPUs (default 8), strategy fsdp2.
 #
-#   bazel run //rl/launch:prepare_gsm8k -- --output_dir=$HOME/data/gsm8k    # once
+#   bazel run //rl/launch:prepare_gsm8k -- --run_dir=$HOME/data/gsm8k    # once
 #   bash examples/gsm8k/run_gsm8k.sh                                        # 8 GPUs
 #   NUM_GPUS=4 bash examples/gsm8k/run_gsm8k.sh trainer.strategy=deepspeed  # extra key=value overrides win
 #
@@ -19,7 +19,7 @@ export RL_PYTHON_LOCK=gpu
 for split in train validation; do
   if [[ ! -f "$DATA_DIR/$split.parquet" ]]; then
     echo "missing $DATA_DIR/$split.parquet; prepare the data first:" >&2
-    echo "  $BAZEL run //rl/launch:prepare_gsm8k -- --output_dir=$DATA_DIR" >&2
+    echo "  $BAZEL run //rl/launch:prepare_gsm8k -- --run_dir=$DATA_DIR" >&2
     exit 1
   fi
 done

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from absl import app, flags
 
 HELP = ("-h", "--help", "--helpshort", "--helpfull", "-?")
+OLD_NAMES: dict[str, str] = {}
+"""A flag's old name -> its name now (`--output` -> `--run_dir`): still read, with a note saying so."""
 OVERRIDE_AS_FLAG = re.compile(r"^--?((?:trainer|generator|data|environment|sft|dpo)\.[\w.]+=.*)$")
 
 
@@ -31,8 +33,20 @@ def run(main: Callable[[list[str]], int | None], flag_modules: tuple[str, ...] =
     except flags.Error as error:
         print(f"error: {error}; `{argv[0]} --help` lists the flags", file=sys.stderr)
         sys.exit(2)
+    for old, name in OLD_NAMES.items():
+        if flags.FLAGS[old].present:
+            print(f"note: --{old} is the old name of --{name}, the output folder's flag of every launcher; it still "
+                  "works", file=sys.stderr)
     flags.FLAGS.unparse_flags()
     sys.exit(app.run(main))
+
+
+def define_old_name(old: str, name: str, module_name: str) -> None:
+    """`--old` read as `--name` (a launcher's earlier spelling), noted when used; listed by `--help` with the flags of
+    `module_name` (the launcher's `__name__`)."""
+    # absl files a launcher's own flags under its path when it runs as __main__
+    flags.DEFINE_alias(old, name, module_name=sys.argv[0] if module_name == "__main__" else module_name)
+    OLD_NAMES[old] = name
 
 
 def _help(flag_modules: tuple[str, ...]) -> int:
@@ -44,3 +58,9 @@ def _help(flag_modules: tuple[str, ...]) -> int:
         print("\n".join(line for line in text.splitlines() if not line.endswith(":") or line.startswith(" ")))
     print("\nConfig overrides follow the flags as bare key=value arguments (lists as \"['a','b']\"), not --key=value.")
     return 0
+
+
+def refused(error: Exception) -> int:
+    """A refused config (`ConfigError`: its own header, then one line per problem) on stderr; the exit code, 2."""
+    print(error, file=sys.stderr)
+    return 2

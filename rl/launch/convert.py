@@ -1,6 +1,6 @@
-"""`bazel run //rl/launch:convert -- --direction=checkpoint_to_hf --input=RUN/checkpoints/global_step_N --output=HF_DIR`
-`bazel run //rl/launch:convert -- --direction=hf_to_megatron --input=HF_DIR --output=DIR --tp=2 [--pp=1 --ep=1]`
-`bazel run //rl/launch:convert -- --direction=megatron_to_hf --input=DIR --output=HF_DIR [--hf_config=HF_DIR]`
+"""`bazel run //rl/launch:convert -- --direction=checkpoint_to_hf --input=RUN/checkpoints/global_step_N --run_dir=HF`
+`bazel run //rl/launch:convert -- --direction=hf_to_megatron --input=HF_DIR --run_dir=DIR --tp=2 [--pp=1 --ep=1]`
+`bazel run //rl/launch:convert -- --direction=megatron_to_hf --input=DIR --run_dir=HF_DIR [--hf_config=HF_DIR]`
 
 `checkpoint_to_hf` reads a training checkpoint of any strategy (every rank's files; the strategy and the model it
 started from are recorded in its trainer_state.json) into safetensors that `transformers` loads, which any strategy
@@ -20,7 +20,8 @@ from rl.launch import cli
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("direction", None, ("checkpoint_to_hf", "hf_to_megatron", "megatron_to_hf"), "Which way to convert.")
 flags.DEFINE_string("input", None, "Source directory.")
-flags.DEFINE_string("output", None, "Destination directory (must not exist).")
+flags.DEFINE_string("run_dir", None, "Destination directory (must not exist).")
+cli.define_old_name("output", "run_dir", __name__)
 flags.DEFINE_integer("tp", 1, "Tensor-parallel size of the megatron checkpoint (hf_to_megatron).")
 flags.DEFINE_integer("pp", 1, "Pipeline-parallel size (hf_to_megatron).")
 flags.DEFINE_integer("ep", 1, "Expert-parallel size, mixture-of-experts models (hf_to_megatron).")
@@ -29,7 +30,7 @@ flags.DEFINE_string("hf_config", None, "megatron_to_hf, checkpoint_to_hf: HF dir
 flags.DEFINE_string("strategy", None, "checkpoint_to_hf: the strategy that wrote the checkpoint, for checkpoints "
                     "that do not record it.")
 flags.DEFINE_enum("model", "policy", ("policy", "critic"), "checkpoint_to_hf: which trained model to convert.")
-flags.mark_flags_as_required(["direction", "input", "output"])
+flags.mark_flags_as_required(["direction", "input", "run_dir"])
 
 
 def training_checkpoint_to_hf(path: str, out_dir: str, hf_config: str | None, strategy: str | None,
@@ -78,17 +79,17 @@ def main(argv: list[str]) -> int:
 
     try:
         if FLAGS.direction == "checkpoint_to_hf":
-            training_checkpoint_to_hf(FLAGS.input, FLAGS.output, FLAGS.hf_config, FLAGS.strategy, FLAGS.model)
+            training_checkpoint_to_hf(FLAGS.input, FLAGS.run_dir, FLAGS.hf_config, FLAGS.strategy, FLAGS.model)
         elif FLAGS.direction == "hf_to_megatron":
             if min(FLAGS.tp, FLAGS.pp, FLAGS.ep) < 1:
                 raise ValueError("--tp, --pp and --ep must be >= 1")
-            hf_to_megatron_checkpoint(FLAGS.input, FLAGS.output, FLAGS.tp, FLAGS.pp, FLAGS.ep)
+            hf_to_megatron_checkpoint(FLAGS.input, FLAGS.run_dir, FLAGS.tp, FLAGS.pp, FLAGS.ep)
         else:
-            megatron_checkpoint_to_hf(FLAGS.input, FLAGS.output, FLAGS.hf_config)
+            megatron_checkpoint_to_hf(FLAGS.input, FLAGS.run_dir, FLAGS.hf_config)
     except (ValueError, FileExistsError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(f"wrote {FLAGS.output}")
+    print(f"wrote {FLAGS.run_dir}")
     return 0
 
 

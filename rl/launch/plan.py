@@ -21,6 +21,7 @@ from rl.backends.planner import AUTO, STRATEGY_ORDER, configured, plan, render
 from rl.backends.planner.terms import GIB
 from rl.backends.registry import STRATEGIES
 from rl.core.config import ConfigError, load_config
+from rl.launch import cli
 from rl.trainer.preflight.memory_plan import gpu_memory, plan_inputs, resolve_auto
 
 PLAN_FLAGS = flags.FlagValues()  # its own flags: the training launcher defines the same names
@@ -63,8 +64,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = load_config(overrides, config_file=PLAN_FLAGS.config, strategy=strategy, auto=resolve_auto)
     except ConfigError as error:
-        print(f"invalid configuration:\n{error}", file=sys.stderr)
-        return 2
+        return cli.refused(error)
     gpu, source = gpu_memory(cfg)
     inputs = plan_inputs(cfg, gpu)
     if inputs is None:

@@ -1,6 +1,6 @@
-"""Write GSM8K as the trainer's parquet files: train.parquet and validation.parquet under --output_dir.
+"""Write GSM8K as the trainer's parquet files: train.parquet and validation.parquet under --run_dir.
 
-    python -m rl.launch.prepare_gsm8k --output_dir=~/data/gsm8k --input=~/downloads/gsm8k
+    python -m rl.launch.prepare_gsm8k --run_dir=~/data/gsm8k --input=~/downloads/gsm8k
 
 --input names a local folder holding GSM8K's train.jsonl and test.jsonl; without it the dataset is downloaded from
 the Hugging Face hub (`openai/gsm8k`, config `main`).
@@ -17,9 +17,10 @@ from rl.launch import cli
 from rl.tasks.gsm8k.data import PrepareReport, read_gsm8k_dir, write_gsm8k
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("output_dir", None, "Folder to write train.parquet and validation.parquet into (~ expanded).")
+flags.DEFINE_string("run_dir", None, "Folder to write train.parquet and validation.parquet into (~ expanded).")
+cli.define_old_name("output_dir", "run_dir", __name__)
 flags.DEFINE_string("input", None, "Local folder with train.jsonl and test.jsonl; omit to download from the hub.")
-flags.mark_flag_as_required("output_dir")
+flags.mark_flag_as_required("run_dir")
 
 
 def prepare(output_dir: str, input_dir: str | None = None) -> PrepareReport:
@@ -35,10 +36,10 @@ def prepare(output_dir: str, input_dir: str | None = None) -> PrepareReport:
 
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
-        print(f"error: unexpected arguments: {' '.join(argv[1:])}; use --output_dir=DIR [--input=DIR]", file=sys.stderr)
+        print(f"error: unexpected arguments: {' '.join(argv[1:])}; use --run_dir=DIR [--input=DIR]", file=sys.stderr)
         return 2
     try:
-        report = prepare(FLAGS.output_dir, FLAGS.input)
+        report = prepare(FLAGS.run_dir, FLAGS.input)
     except DataError as err:  # refused before anything is written: exit 2, as every launcher's refusals
         print(f"prepare_gsm8k: {err}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ import sys
 from absl import flags
 
 from rl.backends.registry import STRATEGIES
+from rl.launch import cli
 
 FLAGS = flags.FLAGS
 _FLAGS = {
@@ -37,8 +38,7 @@ def main(section: str, argv: list[str]) -> int:
         for line in apply_environment(cfg):
             print(line, flush=True)
     except ConfigError as error:
-        print(f"invalid configuration:\n{error}", file=sys.stderr)
-        return 2
+        return cli.refused(error)
     for note in args.notes:  # what the dialect tables did with the block's keys
         print(note, flush=True)
     if section == "sft":
@@ -48,8 +48,7 @@ def main(section: str, argv: list[str]) -> int:
     try:
         run_dir = run(cfg, args.block, FLAGS.run_dir, FLAGS.ray_address)
     except ConfigError as error:  # what this machine lacks (rl.trainer.supervised.preflight), found before anything
-        print(f"invalid configuration:\n{error}", file=sys.stderr)
-        return 2
+        return cli.refused(error)
     except DataError as error:
         print(f"bad data: {error}", file=sys.stderr)
         return 2

@@ -35,8 +35,7 @@ def main(argv: list[str]) -> int:
         for line in apply_environment(cfg):
             print(line, flush=True)
     except ConfigError as error:
-        print(f"invalid configuration:\n{error}", file=sys.stderr)
-        return 2
+        return cli.refused(error)
     if cfg.trainer.auto_choice:
         print(f"trainer.strategy=auto chose {cfg.trainer.auto_choice}", flush=True)
     if cfg.trainer.strategy == "fsdp":
@@ -48,8 +47,7 @@ def main(argv: list[str]) -> int:
     try:
         run_training(cfg, FLAGS.run_dir, FLAGS.ray_address)
     except ConfigError as error:  # what this machine lacks (rl.trainer.preflight.checks), found before Ray starts
-        print(f"invalid configuration:\n{error}", file=sys.stderr)
-        return 2
+        return cli.refused(error)
     except FileExistsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -164,7 +164,7 @@ def write_gsm8k(splits: Mapping[str, Gsm8kSplit], output_dir: str | Path) -> Pre
     """Write each split to `output_dir/<split>.parquet` atomically; all splits are parsed before any is written."""
     directory = Path(output_dir).expanduser()
     if directory.exists() and not directory.is_dir():
-        raise DataError(f"--output_dir {directory}: exists and is not a directory; pass a folder path")
+        raise DataError(f"--run_dir {directory}: exists and is not a directory; pass a folder path")
     written = {}
     for name, split in splits.items():
         path = directory / SPLIT_FILES[name][1]

@@ -135,7 +135,7 @@ def strategy_mismatch(path: str, strategy: str) -> str | None:
         return None
     return (f"{path} was written by the {written_by} strategy and this run uses {strategy}; optimizer state does not "
             f"carry across strategies. Convert its weights with `bazel run //rl/launch:convert -- "
-            f"--direction=checkpoint_to_hf --input={path} --output=HF_DIR` and start a new run from them with "
+            f"--direction=checkpoint_to_hf --input={path} --run_dir=HF_DIR` and start a new run from them with "
             f"trainer.policy.model.path=HF_DIR, or resume with --strategy={written_by}")
 
 

@@ -113,15 +113,15 @@ def run_binary(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
 
 def test_binary_parses_flags_and_expands_home(tmp_path):
     write_input(tmp_path / "in", [json.dumps(GOOD), json.dumps(OTHER)], [json.dumps(OTHER)])
-    done = run_binary(tmp_path, "--output_dir=~/out", "--input=~/in")
+    done = run_binary(tmp_path, "--run_dir=~/out", "--input=~/in")
     assert done.returncode == 0, done.stderr
     assert "train: wrote 2 rows" in done.stdout and "validation: wrote 1 rows" in done.stdout
     assert (tmp_path / "out" / "train.parquet").is_file() and (tmp_path / "out" / "validation.parquet").is_file()
 
 
 def test_binary_reports_bad_input_and_missing_flags(tmp_path):
-    done = run_binary(tmp_path, "--output_dir=~/out", "--input=~/absent")
+    done = run_binary(tmp_path, "--run_dir=~/out", "--input=~/absent")
     assert done.returncode == 2  # refused before anything is written, as every launcher's refusals
     assert f"{tmp_path / 'absent'}: no such directory" in done.stderr
     done = run_binary(tmp_path, "--input=~/absent")
-    assert done.returncode == 2 and "output_dir" in done.stderr
+    assert done.returncode == 2 and "--run_dir" in done.stderr

@@ -95,8 +95,8 @@ def test_launcher_output_loads_in_transformers_with_the_same_logits(tmp_path, na
     build_tokenizer().save_pretrained(source)
     mcore, back = str(tmp_path / "mcore"), str(tmp_path / "back")
     if name == "qwen2-tied":  # the binary with its flags, once; the same functions directly otherwise
-        _run_convert("--direction=hf_to_megatron", f"--input={source}", f"--output={mcore}", *layout)
-        _run_convert("--direction=megatron_to_hf", f"--input={mcore}", f"--output={back}")
+        _run_convert("--direction=hf_to_megatron", f"--input={source}", f"--run_dir={mcore}", *layout)
+        _run_convert("--direction=megatron_to_hf", f"--input={mcore}", f"--run_dir={back}")
     else:
         from rl.backends.megatron.hf_io import hf_to_megatron_checkpoint, megatron_checkpoint_to_hf
 
