@@ -264,6 +264,9 @@ def check_agent(cfg: Config, problems: Problems) -> None:
     if env.env_class is not None:
         problems.add("environment.agent_fn", f"and environment.env_class ({env.env_class}) both play the episodes; "
                      "set one of them to null")
+    if generator.served_model_name is not None and not generator.served_model_name.strip():
+        problems.add("generator.served_model_name", "is empty; give the name agents send as `model`, or null for the "
+                     "policy's model path")
     if not is_loopback(generator.http_endpoint_host) and generator.http_endpoint_api_key_file is None:
         problems.add("generator.http_endpoint_host", f"is {generator.http_endpoint_host}, which other machines can "
                      "reach: give generator.http_endpoint_api_key_file (a file whose first line is the key the "

@@ -382,6 +382,10 @@ class GeneratorConfig:
     http_endpoint_port: int
     """Port the endpoint listens on (SkyRL's key), 0 to 65535; 0 picks a free one (printed at the start)."""
 
+    served_model_name: str | None
+    """The name the endpoint serves the policy under (SkyRL's `inference_engine.served_model_name`): what
+    `/v1/models` lists and a request's `model` must name; null: the policy's model path (or its last folder)."""
+
 
 @dataclass(kw_only=True)
 class DataConfig:

@@ -213,16 +213,17 @@ class AgentEpisodes:
         # every episode of a batch at once, two batches at a time (the rollout queue's and the driver's), and a
         # client may hold a second connection while it reuses the first
         episodes = cfg.trainer.train_batch_size * max(gen.n_samples_per_prompt, gen.eval_n_samples_per_prompt)
-        endpoint = AgentEndpoint(tokenizer, cfg.trainer.policy.model.path, gen.http_endpoint_host,
-                                 gen.http_endpoint_port, context_limit(cfg, model_path), gen.max_generate_length,
+        served = gen.served_model_name or cfg.trainer.policy.model.path
+        endpoint = AgentEndpoint(tokenizer, served, gen.http_endpoint_host, gen.http_endpoint_port,
+                                 context_limit(cfg, model_path), gen.max_generate_length,
                                  api_key=read_api_key(gen.http_endpoint_api_key_file),
                                  max_episode_calls=gen.max_turns, max_connections=4 * episodes + 16)
         for name in ("httpx", "httpx2", "openai"):  # one line per request otherwise (httpx2: the openai client's)
             logging.getLogger(name).setLevel(logging.WARNING)
         source = (f"the key in {gen.http_endpoint_api_key_file}" if gen.http_endpoint_api_key_file
                   else "this run's own key, given to the agent function")
-        print(f"agent endpoint: {endpoint.bound}/v1 (episodes at {endpoint.bound}/episodes/<id>/v1; answers "
-              f"only requests with {source})", flush=True)
+        print(f"agent endpoint: {endpoint.bound}/v1 serving {served!r} (episodes at {endpoint.bound}/episodes/<id>/v1;"
+              f" answers only requests with {source})", flush=True)
         return cls(agent, endpoint, env.agent_fn, cfg.data.reward_on_error, env.agent_timeout_s)
 
     def weights_updated(self, version: int) -> None:

@@ -6,6 +6,8 @@ the agent's attempts, its rewards the training rewards; a bad agent is refused b
 console holds no line per HTTP call. (That it learns as `arith_retry` does is a measurement in the README, 40
 steps, not a test here.)"""
 
+import re
+
 import pytest
 import torch
 import yaml
@@ -18,6 +20,7 @@ from tests.testing.tiny_job import run_train
 STEPS = 3
 AGENT = ["environment.agent_fn=examples/agents/arith_agent.py:run", "generator.enable_http_endpoint=true",
          "generator.http_endpoint_port=0", "generator.max_turns=2"]
+SERVED = "arith-policy"  # the name agents send as `model` (SkyRL's served_model_name); the example asks /v1/models
 
 
 def _embedded_model() -> str:
@@ -34,11 +37,12 @@ def test_the_example_agent_trains_through_the_endpoint(tmp_path):
                     "trainer.fully_async.max_staleness_steps=1"]
     # two mini-batches a step: the old logprobs get their own pass, so the gap between the tokens the engine
     # sampled (as the endpoint recorded them) and what the trainer scores is measured every step
-    result = run_train(run_dir, [*AGENT, *asynchronous, f"trainer.max_steps={STEPS}",
+    result = run_train(run_dir, [*AGENT, *asynchronous, f"generator.inference_engine.served_model_name={SERVED}",
+                                 f"trainer.max_steps={STEPS}",
                                  "trainer.policy_mini_batch_size=8", f"trainer.eval_interval={STEPS}",
                                  "trainer.eval_before_train=false", "trainer.ckpt_interval=0"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    assert "agent endpoint: http://127.0.0.1:" in result.stdout
+    assert re.search(rf"^agent endpoint: http://127\.0\.0\.1:\d+/v1 serving '{SERVED}' ", result.stdout, re.M)
     assert "HTTP Request:" not in result.stdout + result.stderr, "the HTTP clients log every agent call"
     rows = read_metrics(f"{run_dir}/metrics.jsonl")
     with open(f"{run_dir}/config.yaml") as f:

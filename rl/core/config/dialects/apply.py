@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rl.core.config.dialects.entries import Alias, ByRule, Elsewhere, Entry, Inert, Refused, find, under
+from rl.core.config.dialects.entries import Alias, ByRule, Elsewhere, Entry, Inert, Refused, Removed, find, under
 from rl.core.config.dialects.layer import MISSING, Item, Layer, Report, parse
 from rl.core.config.errors import Problems
 from rl.core.config.keys import known
@@ -90,6 +90,8 @@ def apply_entry(layer: Layer, key: str, entry: Entry, dialect: str) -> None:
             layer.refuse(key, f"is {value!r}, which asks for {entry.feature}: not available here; {entry.fix}")
     elif isinstance(entry, Refused):
         layer.refuse(key, f"asks for {entry.feature}: not available here; {entry.fix}")
+    elif isinstance(entry, Removed):
+        layer.refuse(key, f"{dialect} removed this key ({entry.change}); drop it")
     elif isinstance(entry, ByRule):  # its rule found a value it does not translate
         layer.refuse(key, f"{value!r} cannot be read here: {dialect}'s key means {entry.meaning}")
 

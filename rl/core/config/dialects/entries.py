@@ -12,6 +12,7 @@ of the key) to one of:
 - `ByRule`: a key a rule of the dialect translates (its meaning depends on other keys or on its value).
 - `Elsewhere`: a whole block configuring an algorithm this launcher does not train (NeMo RL's `sft:`, `dpo:`):
   one line names the algorithm and where it is, instead of a refusal per key.
+- `Removed`: a key the other project itself has removed: refused naming that change, as that project refuses it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 Entry = Any
-"""Alias | Inert | Refused | Elsewhere | ByRule."""
+"""Alias | Inert | Refused | Removed | Elsewhere | ByRule."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,12 @@ class Inert:
 class Refused:
     feature: str
     fix: str
+
+
+@dataclass(frozen=True)
+class Removed:
+    change: str
+    """When and why the other project dropped the key."""
 
 
 @dataclass(frozen=True)

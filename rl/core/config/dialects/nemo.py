@@ -255,7 +255,8 @@ def _grpo() -> dict[str, Entry]:
         "grpo.reward_scaling.*": ByRule("accepted with the identity mapping"),
         "grpo.seq_logprob_error_threshold": feature_off("dropping sequences by logprob error", "remove it"),
         "grpo.invalid_tool_call_advantage": feature_off(
-            "advantages for invalid tool calls (agents, a later issue)", "remove it"
+            "a fixed advantage for turns with an invalid tool call",
+            "remove it; the agent's or environment's reward can score such an episode",
         ),
         "grpo.malformed_thinking_advantage": feature_off("advantages for malformed thinking tags", "remove it"),
         "grpo.async_grpo.enabled": Alias("trainer.fully_async.enabled"),

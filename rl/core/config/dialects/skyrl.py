@@ -21,6 +21,7 @@ from rl.core.config.dialects.entries import (
     Entry,
     Inert,
     Refused,
+    Removed,
     feature_off,
     ignored,
     off,
@@ -29,6 +30,11 @@ from rl.core.config.dialects.entries import (
 )
 
 T, G, IE = "trainer.", "generator.", "generator.inference_engine."
+_LANGUAGE_MODEL_ONLY = feature_off(
+    "loading only the language model of a vision-language checkpoint (its vision tower dropped)",
+    "remove it: a vision-language model trains whole here (trainer.policy.model.freeze_vision_tower=true keeps its "
+    "vision tower fixed)",
+)
 SP, ESP = "generator.sampling_params.", "generator.eval_sampling_params."
 MEGATRON = "trainer.policy.megatron_config"
 REF_LAYOUT = (
@@ -127,7 +133,7 @@ def _reference_model() -> dict[str, Entry]:
             "fake-INT4 quantization-aware training", "remove it", (False, None, 32, True, 7.5, -8.0)
         ),
         f"{T}ref.model_config_kwargs": feature_off("Hugging Face config overrides", "remove it", ({}, None)),
-        f"{T}ref.language_model_only": feature_off("vision-language models (a later issue)", "remove it"),
+        f"{T}ref.language_model_only": _LANGUAGE_MODEL_ONLY,
     }
 
 
@@ -317,7 +323,7 @@ def table() -> Mapping[str, Entry]:
         f"{T}policy.use_torch_compile": feature_off("torch.compile of the logits", "remove it"),
         f"{T}policy.record_memory": feature_off("memory snapshots", "remove it"),
         f"{T}policy.torch_profiler_config.enable": feature_off("the torch profiler", _NO_PROFILER),
-        f"{T}policy.language_model_only": feature_off("vision-language models (a later issue)", "remove it"),
+        f"{T}policy.language_model_only": _LANGUAGE_MODEL_ONLY,
         f"{T}policy.inference_only_init": feature_off("inference-only workers", "remove it"),
         # --- trainer.critic -----------------------------------------------------------------------------------
         f"{T}critic.model.lora.lora_sync_path": ignored("the critic's adapters never leave the workers"),
@@ -380,8 +386,9 @@ def table() -> Mapping[str, Entry]:
         f"{IE}offload_kv_for_weight_sync": speed_only("the engines' KV cache during weight sync"),
         f"{IE}use_expandable_segments": speed_only("the engines' CUDA allocator"),
         f"{IE}distributed_executor_backend": speed_only("vLLM's executor"),
-        f"{IE}served_model_name": feature_off("an OpenAI-compatible endpoint (agents, a later issue)", "remove it"),
-        f"{IE}language_model_only": feature_off("vision-language models (a later issue)", "remove it"),
+        f"{IE}served_model_name": Alias("generator.served_model_name"),
+        f"{IE}async_engine": Removed("in July 2026: its engines are always asynchronous"),
+        f"{IE}language_model_only": _LANGUAGE_MODEL_ONLY,
         f"{IE}speculative_config": feature_off("speculative decoding", "remove it"),
         f"{IE}external_proxy_url": feature_off("external inference servers", "remove it"),
         f"{IE}external_server_urls": feature_off("external inference servers", "remove it"),
@@ -447,7 +454,9 @@ def table() -> Mapping[str, Entry]:
         f"{G}use_cache_salt": speed_only("vLLM's prefix cache salt"),
         f"{G}step_wise_trajectories": feature_off("step-wise trajectories", "remove it"),
         f"{G}merge_stepwise_output": feature_off("step-wise trajectories", "remove it"),
-        f"{G}vision_language_generator": feature_off("vision-language generation (a later issue)", "remove it"),
+        f"{G}vision_language_generator": ignored(
+            "generation follows the model here: a vision-language checkpoint samples with each prompt's images"
+        ),
         # --- environment --------------------------------------------------------------------------------------
         "environment.skyrl_gym.max_env_workers": Alias("environment.max_env_workers"),
         "environment.skyrl_gym.*": ignored("options of SkyRL-gym environments that are not built in here"),

@@ -5,6 +5,7 @@ by name, SkyRL's own spellings of values on keys we share."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import yaml
@@ -300,3 +301,34 @@ def test_zero_variance_filter_and_sample_full_batch(caplog):
     cfg = load_logged(caplog, ["trainer.fully_async.sample_full_batch=true"])
     assert cfg.trainer.algorithm.dynamic_sampling.type is None
     assert "used only with trainer.fully_async.enabled" in "\n".join(config_lines(caplog))
+
+
+def test_skyrl_keys_of_features_that_exist_here_are_read(caplog):
+    """Keys once refused as "a later issue": the endpoint's served name is ours, the vision-language generator
+    switch follows the model, and `language_model_only` (a VLM loaded without its vision tower) says what to do."""
+    cfg = load_logged(caplog, ["generator.inference_engine.served_model_name=policy",
+                               "generator.vision_language_generator=true"])
+    assert cfg.generator.served_model_name == "policy"
+    assert any("generator.vision_language_generator" in line and "accepted with no effect" in line
+               for line in config_lines(caplog))
+    refused = refusals(["trainer.policy.language_model_only=true"])["trainer.policy.language_model_only"]
+    assert "vision tower" in refused and "freeze_vision_tower" in refused
+    assert load_config(["trainer.policy.language_model_only=false"]).trainer.policy.model.freeze_vision_tower is False
+
+
+def test_a_key_skyrl_removed_is_refused_naming_skyrls_change():
+    refused = refusals(["generator.inference_engine.async_engine=true"])["generator.inference_engine.async_engine"]
+    assert refused == ("generator.inference_engine.async_engine: SkyRL removed this key (in July 2026: its engines "
+                       "are always asynchronous); drop it")
+
+
+def test_no_dialect_entry_promises_a_later_feature():
+    """A refusal says what to do now: a feature that lands replaces its refusal (an alias, or an accepted key), so
+    no entry may leave a user waiting for "a later issue"."""
+    from rl.core.config.dialects import DIALECTS
+
+    promise = re.compile(r"\b(a later|later issues?|not yet|coming soon|planned|in (a|the) future)\b", re.I)
+    for dialect in DIALECTS:
+        for key, entry in dialect.table().items():
+            texts = [value for value in dataclasses.asdict(entry).values() if isinstance(value, str)]
+            assert not any(promise.search(text) for text in texts), (dialect.name, key, texts)
