@@ -112,7 +112,8 @@ BAD = {
         ["trainer.train_batch_size=20"], "trainer.train_batch_size", ("policy_mini_batch_size=16",)
     ),
     "mini_batch_not_split_by_micro": Bad(
-        ["trainer.micro_train_batch_size_per_gpu=5"], "trainer.policy_mini_batch_size", ("= 128 sequences", "= 5")
+        ["trainer.micro_train_batch_size_per_gpu=5"], "trainer.policy_mini_batch_size",
+        ("= 128 sequences", "= 5", "e.g. set trainer.micro_train_batch_size_per_gpu=4")  # no mini-batch of 16 fits
     ),
     "mini_batch_not_split_over_dp": Bad(
         [
@@ -123,7 +124,8 @@ BAD = {
             "trainer.micro_train_batch_size_per_gpu=2",
         ],
         "trainer.policy_mini_batch_size",
-        ("data-parallel size 4",),
+        ("data-parallel size 4",
+         "e.g. set trainer.policy_mini_batch_size=4 or trainer.micro_train_batch_size_per_gpu=1"),
     ),
     "megatron_tp_pp_not_dividing_world": Bad(
         [*WORLD_4, "trainer.strategy=megatron", MEGATRON + "tensor_model_parallel_size=3"],
@@ -226,7 +228,10 @@ BAD = {
     ),
     "engine_tp_not_fitting": Bad(
         ["generator.backend=vllm", "generator.inference_engine_tensor_parallel_size=2"],
-        "generator.inference_engine_tensor_parallel_size", ("must fit", "policy's 1 devices")),
+        "generator.inference_engine_tensor_parallel_size", ("does not divide the policy's 1 devices", "set it to 1")),
+    "engines_not_fitting": Bad(
+        ["generator.backend=vllm", "generator.num_inference_engines=2"],
+        "generator.num_inference_engines", ("2 devices, more than the policy's 1 devices", "set it to 1 at most")),
     "engine_memory_fraction": Bad(["generator.gpu_memory_utilization=1.5"], "generator.gpu_memory_utilization",
                                   ("in (0, 1]",)),
     "engine_count": Bad(["generator.num_inference_engines=0"], "generator.num_inference_engines", (">= 1",)),
@@ -253,7 +258,7 @@ BAD = {
         "trainer.placement.critic_num_gpus_per_node", ("not a multiple of its model-parallel size 2", "TP 2")),
     "critic_mini_batch_uneven": Bad(
         ["trainer.algorithm.advantage_estimator=gae", "trainer.critic_mini_batch_size=3"],
-        "trainer.critic_mini_batch_size", ("divide trainer.train_batch_size",)),
+        "trainer.critic_mini_batch_size", ("divide trainer.train_batch_size=16; e.g. set it to 2",)),
     "ppo_epochs_zero": Bad(["trainer.update_epochs_per_batch=0"], "trainer.update_epochs_per_batch", (">= 1",)),
     "critic_lora_dropout": Bad(["trainer.algorithm.advantage_estimator=gae", "trainer.critic.model.lora.rank=8",
                                 "trainer.critic.model.lora.dropout=1.5"],

@@ -33,8 +33,23 @@ def check_batch_sizes(cfg: Config, problems: Problems) -> None:
             "trainer.policy_mini_batch_size",
             f"policy_mini_batch_size {mini} * generator.n_samples_per_prompt {n} = {mini * n} sequences per "
             f"optimizer step must be a multiple of trainer.micro_train_batch_size_per_gpu {micro} * "
-            f"data-parallel size {sizes.data_parallel} ({sizes.how}) = {per_step}; change one of these",
+            f"data-parallel size {sizes.data_parallel} ({sizes.how}) = {per_step}; "
+            + mini_batch_fix("trainer.policy_mini_batch_size", train, mini, n, micro, sizes.data_parallel),
         )
+
+
+def mini_batch_fix(key: str, train: int, mini: int, n: int, micro: int, data_parallel: int) -> str:
+    """What to set so that `mini` prompts x `n` samples split into micro-batches of `micro` on each of
+    `data_parallel` ranks, `mini` dividing `train`: the nearest such mini-batch size, and the largest micro-batch
+    size that fits the mini-batch as it is."""
+    minis = sorted((m for m in range(1, train + 1) if train % m == 0 and (m * n) % (micro * data_parallel) == 0),
+                   key=lambda m: (abs(m - mini), m))
+    micros = [u for u in range(micro, 0, -1) if (mini * n) % (u * data_parallel) == 0]
+    fixes = [f"{key}={minis[0]}"] if minis else []
+    fixes += [f"trainer.micro_train_batch_size_per_gpu={micros[0]}"] if micros else []
+    if not fixes:
+        return "change the data-parallel size (the devices or the model-parallel sizes)"
+    return "e.g. set " + " or ".join(fixes)
 
 
 def check_token_budget(cfg: Config, problems: Problems) -> None:
@@ -214,12 +229,22 @@ def check_engine_devices(cfg: Config, problems: Problems) -> None:
         return  # devices of their own: whether the cluster has them is checked before Ray starts
     from rl.core.config.parallel import policy_world_size
 
-    world, per_engine = policy_world_size(cfg), gen.inference_engine_tensor_parallel_size
-    if world >= 1 and (world % per_engine or gen.num_inference_engines * per_engine > world):
+    world, per_engine, engines = policy_world_size(cfg), gen.inference_engine_tensor_parallel_size, \
+        gen.num_inference_engines
+    if world < 1:
+        return
+    where = (f"the policy's {world} devices (trainer.placement.policy_num_nodes x policy_num_gpus_per_node), which "
+             "colocated engines share")
+    if world % per_engine:
+        fits = max(tp for tp in range(1, per_engine + 1) if world % tp == 0)
         problems.add("generator.inference_engine_tensor_parallel_size",
-                     f"generator.num_inference_engines {gen.num_inference_engines} * inference_engine_tensor_parallel"
-                     f"_size {per_engine} must fit, and the engine TP divide, the policy's {world} devices "
-                     "(trainer.placement.policy_num_nodes * policy_num_gpus_per_node), which the engines share")
+                     f"is {per_engine}, which does not divide {where}; set it to {fits} (a divisor of {world}), or "
+                     "set trainer.placement.colocate_all=false to give the engines devices of their own")
+    elif engines * per_engine > world:
+        problems.add("generator.num_inference_engines",
+                     f"{engines} engines x inference_engine_tensor_parallel_size {per_engine} = "
+                     f"{engines * per_engine} devices, more than {where}; set it to {world // per_engine} at most, "
+                     "or set trainer.placement.colocate_all=false to give the engines devices of their own")
 
 
 def check_reward_shaping(cfg: Config, problems: Problems) -> None:

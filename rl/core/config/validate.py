@@ -12,17 +12,17 @@ Rules (world = trainer.placement.policy_num_nodes * policy_num_gpus_per_node):
   its own blocks (parallel layouts, offload limits, ...) and refuses options it does not implement.
 - algorithm: grpo and rloo need n_samples_per_prompt >= 2; use_kl_in_reward not with use_kl_loss; clip_cov_lb <
   clip_cov_ub; no TIS with clip_cov / kl_cov; trainer.policy.use_fused_kernels only with a loss that has a kernel
-  formula (not gspo, sapo, clip_cov, kl_cov, importance_sampling).
-- placement: policy and reference placements are equal (the reference runs on the policy's workers);
-  fully_async needs colocate_all false.
+  formula (regular, dual_clip, cispo).
+- placement: the reference on the policy's workers, or on a group of its own (colocate_policy_ref=false);
+  fully_async needs colocate_all false; colocated vLLM engines fit the policy's devices.
 - rewards: reward_weights one per reward_fn; a reward timeout needs reward workers; dynamic sampling needs
-  n_samples_per_prompt >= 2 and no fully_async; overlong_buffer.len below max_generate_length. Reward functions
-  themselves (import, signature) are checked before the run starts (rl/trainer/preflight/checks.py).
-- critic (checks_critic.py): its keys only with advantage_estimator gae; it runs on the policy's workers (same
-  placement and sequence-parallel size); critic_mini_batch_size divides train_batch_size like the policy's.
-- not yet supported (checks_support.py, checks_backends.py): generator.backend vllm without vLLM installed,
-  Ulysses sequence_parallel_size > 1, trainer.flash_attn=true where flash-attention cannot run (megatron, no
-  flash-attn package, trainer.bf16=false).
+  n_samples_per_prompt >= 2; overlong_buffer.len below max_generate_length. Reward functions themselves (import,
+  signature) are checked before the run starts (rl/trainer/preflight/checks.py).
+- critic (checks_critic.py): its keys only with advantage_estimator gae; on the policy's workers (the same
+  placement) or a group of its own (colocate_all=false); critic_mini_batch_size divides train_batch_size like the
+  policy's; LoRA only where the strategy trains adapters.
+- this environment (checks_support.py): generator.backend vllm needs vLLM installed; trainer.flash_attn=true needs
+  flash-attention where it can run (not megatron, the flash-attn package, trainer.bf16 not false).
 """
 
 from __future__ import annotations
