@@ -1,5 +1,6 @@
 """Typed run configuration: defaults in defaults.yaml, types and reference docs in schema.py (the algorithm block
-in schema_algorithm.py, the model blocks in schema_models.py).
+in schema_algorithm.py, the model blocks in schema_models.py, generator: in schema_generator.py, data: and
+environment: in schema_data.py).
 
 from rl.core.config import load_config
 cfg = load_config(["trainer.strategy=fsdp2", "generator.n_samples_per_prompt=8"], config_file="run.yaml")

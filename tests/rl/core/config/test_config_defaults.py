@@ -19,6 +19,8 @@ from rl.core.config import (
     parallel_sizes,
     schema,
     schema_algorithm,
+    schema_data,
+    schema_generator,
     schema_models,
     supervised,
 )
@@ -91,13 +93,14 @@ def test_strategy_blocks_stay_out_of_defaults_yaml_and_take_their_dataclass_defa
 
 def test_every_field_has_a_docstring():
     block_names = {block.__name__ for block in block_types().values()}
-    modules = {schema, schema_algorithm, schema_models, supervised,
+    modules = {schema, schema_algorithm, schema_data, schema_generator, schema_models, supervised,
                *(sys.modules[block.__module__] for block in block_types().values())}
     for module in modules:
         with open(module.__file__, encoding="utf-8") as handle:
             tree = ast.parse(handle.read())
         for cls in (node for node in tree.body if isinstance(node, ast.ClassDef)
-                    if module in (schema, schema_algorithm, schema_models, supervised) or node.name in block_names):
+                    if module in (schema, schema_algorithm, schema_data, schema_generator, schema_models, supervised)
+                    or node.name in block_names):
             body = cls.body
             for index, stmt in enumerate(body):
                 if isinstance(stmt, ast.AnnAssign):
