@@ -34,7 +34,7 @@ from rl.backends.hf_model import attention_implementation, load_causal_lm
 from rl.backends.registry import build_backend
 from rl.core.algorithms import LossNormalizer, LossSettings, compute_policy_loss
 from rl.core.packing import pack_sequences
-from tests.testing import tolerances
+from tests.testing import loss_gaps, tolerances
 from tests.testing.backend_steps import small_batch
 from tests.testing.rendezvous import join, rendezvous
 
@@ -247,7 +247,7 @@ def _first_order(model_path: str, batch) -> dict:
             moved = [g.abs() * b for g, b in zip(grads, bounds, strict=True) if g is not None]
             worst[key][i] = sum(float(m.sum()) for m in moved)
             spread[key][i] = math.sqrt(sum(float((m * m).sum()) for m in moved))
-    own = tolerances.log_softmax_gaps(logits.detach(), targets)[0].double()  # the run's float32 log-softmax
+    own = loss_gaps.log_softmax_gaps(logits.detach(), targets)[0].double()  # the run's float32 log-softmax
     # The loss from float32 logprobs against the oracle's rounded to float32 (the run's old logprobs), and its own
     # float32 token mean of -A * ratio: |dloss/dlogprob| = |A| / tokens at ratio 1.
     slope = batch.advantages[targets_at].double().abs() / int(batch.loss_mask.sum())
@@ -341,7 +341,7 @@ def test_bf16_computes_in_bfloat16_with_float32_weights_and_logprobs(info, model
         # by value: the float32 log-softmax of the logits the model produced (one float32 evaluation each side)
         logits = _scored_logits(run["logits"], at).double()
         own = torch.log_softmax(logits, -1).gather(1, batch.input_ids[at][:, None]).squeeze(1)
-        tolerances.assert_within(run["logprobs"][at], own, tolerances.log_softmax_gaps(logits, batch.input_ids[at])[0],
+        tolerances.assert_within(run["logprobs"][at], own, loss_gaps.log_softmax_gaps(logits, batch.input_ids[at])[0],
                                  msg=f"bf16={precision}: logprobs against the log-softmax of the model's own logits")
         logprob_bound, loss_bound = bounds[precision]
         tolerances.assert_within(run["logprobs"][at], want[at], logprob_bound, msg=f"bf16={precision}: logprobs")

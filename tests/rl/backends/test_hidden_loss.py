@@ -13,7 +13,7 @@ from rl.backends.base import ModelSpec
 from rl.backends.dist import init_distributed
 from rl.backends.registry import build_backend
 from rl.core.packing import pack_sequences, pad_sequences
-from tests.testing import tolerances
+from tests.testing import loss_gaps, tolerances
 from tests.testing.loss_settings import FUSED_LOSS_SETTINGS
 
 VOCAB = 96
@@ -165,7 +165,7 @@ def test_fused_logprobs_match_the_logits_path(model_path, strategy):
 def _metric_gaps(backend, batch, settings, normalizer) -> dict[str, float]:
     """Gaps of the fused loss and metrics against the logits path's: each is a weighted sum over the tokens of terms
     of a token's logprob and entropy, which the two paths compute within `_fused_logprob_gaps` of each other
-    (`tolerances.policy_loss_gaps`, with the per-token weights of the loss's reduction)."""
+    (`loss_gaps.policy_loss_gaps`, with the per-token weights of the loss's reduction)."""
     from rl.core.algorithms.kl import K3_BOUND
     from rl.kernels.reference.policy_terms import plan_loss
 
@@ -173,7 +173,7 @@ def _metric_gaps(backend, batch, settings, normalizer) -> dict[str, float]:
     lp_gap, h_gap = _fused_logprob_gaps(backend, batch)
     plan = plan_loss(settings, normalizer, batch.loss_mask, batch.token_seq_ids(), batch.num_sequences)
     weights = {"loss": plan.weight, "metric": plan.metric_weight, "token": plan.token_weight}
-    gaps, _ = tolerances.policy_loss_gaps(lp, batch.old_logprobs, batch.ref_logprobs, batch.advantages, weights,
+    gaps, _ = loss_gaps.policy_loss_gaps(lp, batch.old_logprobs, batch.ref_logprobs, batch.advantages, weights,
                                           lp_gap, h_gap, entropy, settings, K3_BOUND)
     return gaps
 
@@ -183,7 +183,7 @@ def _fused_logprob_gaps(backend, batch) -> tuple[torch.Tensor, torch.Tensor]:
     and entropy against the logits path's. Both run the same model body on the same batch (the same operations), so
     the LM head's input is the same on both sides; the head's matmul (whole vs a chunk of rows) sums each logit over
     the hidden size in its own order (`tolerances.matmul_gap`), and the log-softmax and entropy over the vocabulary
-    (`tolerances.log_softmax_gaps`, carrying that logit gap)."""
+    (`loss_gaps.log_softmax_gaps`, carrying that logit gap)."""
     from rl.backends.hf_forward import output_head, scored_inputs
 
     model = backend.forward_module()
@@ -207,7 +207,7 @@ def _fused_logprob_gaps(backend, batch) -> tuple[torch.Tensor, torch.Tensor]:
         handle.remove()
     temperature = backend.spec.temperature
     logit_gap = tolerances.matmul_gap(seen["hidden"], seen["weight"].T)
-    lp_gap, h_gap = tolerances.log_softmax_gaps(seen["logits"], batch.input_ids[targets_at].to(device), temperature,
+    lp_gap, h_gap = loss_gaps.log_softmax_gaps(seen["logits"], batch.input_ids[targets_at].to(device), temperature,
                                                 logit_gap)
     spread = lambda gap: torch.zeros(batch.num_tokens, dtype=torch.float64).index_put((targets_at,), gap.cpu())  # noqa: E731
     return spread(lp_gap), spread(h_gap)

@@ -32,7 +32,7 @@ from tests.rl.backends.megatron.harness import (
     shard_batches,
     step_reductions,
 )
-from tests.testing import tolerances
+from tests.testing import loss_gaps, tolerances
 from tests.testing.backend_steps import oracle_step
 from tests.testing.rendezvous import join, rendezvous
 
@@ -207,7 +207,7 @@ def _loss_gaps(model_path: str, lora: dict) -> float:
     forwards of one side's own weights: on each side log r_t lies within the forward's `tolerances.logprob_gap`
     d of 0 (this model's reductions with the adapters' two, relative to `_logit_bound`, which holds at any adapter
     weights), so the two sides' log-ratios differ by at most 2d, far inside the clip range:
-    `tolerances.policy_loss_gaps` of that, with its own N-term sum."""
+    `loss_gaps.policy_loss_gaps` of that, with its own N-term sum."""
     config = AutoConfig.from_pretrained(model_path)
     seqs = sequences(VOCAB)
     reductions = step_reductions(config, seqs, backward=False) + [lora["rank"]] * 2 * config.num_hidden_layers
@@ -216,7 +216,7 @@ def _loss_gaps(model_path: str, lora: dict) -> float:
     weights = mask / mask.sum()
     advantages = torch.cat([s["advantages"] for s in seqs])
     zero = torch.zeros_like(weights)
-    gaps, _ = tolerances.policy_loss_gaps(zero, zero, None, advantages, dict(loss=weights, metric=weights,
+    gaps, _ = loss_gaps.policy_loss_gaps(zero, zero, None, advantages, dict(loss=weights, metric=weights,
                                           token=weights), torch.full_like(weights, 2 * d), 0.0, None, SETTINGS)
     return gaps["loss"]
 
