@@ -1,7 +1,8 @@
 """The documentation stays true: every relative link in README.md and docs/ resolves, every Bazel target a command
 in them names exists, and every `key=value` override in their shell blocks loads through the config loader (in the
 dialect it is written in, which the loader reads the same way a run does) and every `--flag` they give a launcher
-is one of its flags. A documented key that is renamed, or a target that moves, fails here.
+is one of its flags. A documented key that is renamed, or a target that moves, fails here. docs/ builds as a site
+(mkdocs, strict), and the strict build is shown to catch a broken link and a page outside the navigation.
 
 Reads the real source tree through the pyproject.toml data dependency (as the lint test does), tagged `external`."""
 
@@ -10,6 +11,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -144,3 +148,32 @@ def test_a_renamed_key_is_caught(tmp_path):
             test_named_bazel_targets_exist("README.md")
     finally:
         globals()["_root"] = real
+
+
+def _build_site(config: str, site: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", config, "-d", site],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_site_builds_strictly(tmp_path):
+    """docs/ as a site (mkdocs.yml, strict): a broken link, a missing anchor or a page left out of the navigation
+    would stop this build."""
+    done = _build_site(os.path.join(_root(), "mkdocs.yml"), str(tmp_path / "site"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "site" / "index.html").is_file() and (tmp_path / "site" / "faults" / "index.html").is_file()
+
+
+@pytest.mark.parametrize("fault,named", [
+    ("link", "nowhere.md"),  # a link to a page that does not exist
+    ("page", "stray.md"),  # a page no navigation entry reaches
+])
+def test_the_strict_build_fails_on_a_planted_fault(tmp_path, fault, named):
+    shutil.copytree(os.path.join(_root(), "docs"), tmp_path / "docs")
+    shutil.copy(os.path.join(_root(), "mkdocs.yml"), tmp_path / "mkdocs.yml")
+    if fault == "link":
+        with open(tmp_path / "docs" / "faults.md", "a", encoding="utf-8") as f:
+            f.write("\nSee [nowhere](nowhere.md).\n")
+    else:
+        (tmp_path / "docs" / "stray.md").write_text("# Stray\n", encoding="utf-8")
+    done = _build_site(str(tmp_path / "mkdocs.yml"), str(tmp_path / "site"))
+    assert done.returncode != 0 and named in done.stdout + done.stderr, done.stdout + done.stderr
