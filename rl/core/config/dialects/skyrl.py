@@ -434,8 +434,6 @@ def table() -> Mapping[str, Entry]:
         f"{G}remote_inference_engine_urls": ignored("used only with run_engines_locally=false"),
         f"{G}external_proxy_url": feature_off("external inference servers", "remove it"),
         f"{G}external_server_urls": feature_off("external inference servers", "remove it"),
-        f"{G}served_model_name": feature_off("another name for the endpoint's model (it serves the policy under its "
-                                             "model path)", "remove it"),
         f"{G}override_existing_update_group": ignored("weight-sync groups are made once per run here"),
         f"{G}rope_scaling": feature_off("RoPE scaling overrides", "remove it"),
         f"{G}rope_theta": feature_off("RoPE overrides", "remove it"),

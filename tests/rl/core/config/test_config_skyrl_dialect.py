@@ -332,3 +332,16 @@ def test_no_dialect_entry_promises_a_later_feature():
         for key, entry in dialect.table().items():
             texts = [value for value in dataclasses.asdict(entry).values() if isinstance(value, str)]
             assert not any(promise.search(text) for text in texts), (dialect.name, key, texts)
+
+
+def test_no_dialect_entry_names_a_key_of_ours():
+    """A key of ours is read as ours before any table is looked at: an entry under the same name (a peer's spelling
+    that became ours when its feature landed here) would never apply, and what it says would be stale. (A `ByRule`
+    entry only names a key a dialect rule reads, which rules do before the tables.)"""
+    from rl.core.config.dialects import DIALECTS
+    from rl.core.config.dialects.entries import ByRule
+    from rl.core.config.keys import known
+
+    shadowed = [(dialect.name, key) for dialect in DIALECTS for key, entry in dialect.table().items()
+                if "*" not in key and known(key) and not isinstance(entry, ByRule)]
+    assert shadowed == []
