@@ -22,12 +22,8 @@ def run(main: Callable[[list[str]], int | None], flag_modules: tuple[str, ...] =
     argv = sys.argv
     if any(arg in HELP for arg in argv[1:]):
         sys.exit(_help(flag_modules))
-    for arg in argv[1:]:
-        found = OVERRIDE_AS_FLAG.match(arg)
-        if found:
-            print(f"error: {arg}: config overrides are bare key=value arguments after the flags: write "
-                  f"{found.group(1)}", file=sys.stderr)
-            sys.exit(2)
+    if override_as_flag(argv):
+        sys.exit(2)
     try:
         flags.FLAGS(argv, known_only=False)
     except flags.Error as error:
@@ -56,8 +52,23 @@ def _help(flag_modules: tuple[str, ...]) -> int:
     for module in flag_modules:
         text = flags.FLAGS.main_module_help() if module == "__main__" else flags.FLAGS.module_help(module)
         print("\n".join(line for line in text.splitlines() if not line.endswith(":") or line.startswith(" ")))
-    print("\nConfig overrides follow the flags as bare key=value arguments (lists as \"['a','b']\"), not --key=value.")
+    print("\n" + OVERRIDES_HELP)
     return 0
+
+
+OVERRIDES_HELP = ("Config overrides follow the flags as bare key=value arguments (lists as \"['a','b']\"), not "
+                  "--key=value.")
+
+
+def override_as_flag(argv: list[str]) -> bool:
+    """Whether a config override was written as a flag (`--trainer.seed=3`, a Hydra habit): says what to write."""
+    for arg in argv[1:]:
+        found = OVERRIDE_AS_FLAG.match(arg)
+        if found:
+            print(f"error: {arg}: config overrides are bare key=value arguments after the flags: write "
+                  f"{found.group(1)}", file=sys.stderr)
+            return True
+    return False
 
 
 def refused(error: Exception) -> int:

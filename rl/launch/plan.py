@@ -51,10 +51,13 @@ def describe(inputs, cfg, source: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if any(arg in ("-h", "--help", "--helpfull") for arg in argv[1:]):
+    if any(arg in cli.HELP for arg in argv[1:]):
         print(__doc__)
         print(PLAN_FLAGS.module_help(__name__) if hasattr(PLAN_FLAGS, "module_help") else PLAN_FLAGS)
+        print("\n" + cli.OVERRIDES_HELP)
         return 0
+    if cli.override_as_flag(argv):
+        return 2
     try:
         overrides = PLAN_FLAGS(argv)[1:]
     except flags.Error as error:

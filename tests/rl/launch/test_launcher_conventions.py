@@ -16,6 +16,7 @@ FLAGS = {
     "dpo": ("--strategy", "--config", "--run_dir", "--ray_address"),
     "convert": ("--direction", "--input", "--run_dir", "--output"),
     "prepare_gsm8k": ("--run_dir", "--input", "--output_dir"),
+    "plan": ("--strategy", "--config"),
 }
 
 
@@ -33,8 +34,9 @@ def test_help_exits_0_listing_every_flag(name):
     assert "bare key=value" in done.stdout
 
 
-def test_a_config_key_written_as_a_flag_says_what_to_write():
-    done = _launch("train", "--trainer.seed=3")
+@pytest.mark.parametrize("name", ["train", "plan"])
+def test_a_config_key_written_as_a_flag_says_what_to_write(name):
+    done = _launch(name, "--trainer.seed=3")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == ("error: --trainer.seed=3: config overrides are bare key=value "
                                                     "arguments after the flags: write trainer.seed=3")
