@@ -1,13 +1,15 @@
 """PPO with a critic (`advantage_estimator=gae`) end to end through the real launcher: the same steps on every
 strategy and placement, the critic's warm-up, and a LoRA critic.
 
-Parity: DeepSpeed ZeRO-3 on 2 workers (the value head partitioned), megatron with TP=2, and fsdp2 with the critic on 2
-workers of its own (`colocate_all=false`, the engine on a core of its own) run the steps of fsdp2 on one worker (two
-PPO epochs per batch, a critic trained beside the policy): the same rewards, losses, value losses and gradient norms
+Parity: DeepSpeed ZeRO-3 on 2 workers (the value head partitioned) and fsdp2 with the critic on 2 workers of its own
+(`colocate_all=false`, the engine on a core of its own) run the steps of fsdp2 on one worker (two PPO epochs per
+batch, a critic trained beside the policy): the same rewards, losses, value losses and gradient norms
 up to summation order, and policy and critic exports within Adam's bounds of the reference's (`tests.testing.parity`).
 The critic's lr is raised so that its weights move far beyond those bounds. fsdp's critic is its policy's backend
 with a value head: its steps against the token-classifier oracle are tests/rl/backends/test_critic.py's, its two-rank
-reductions the policy's in test_parity_minibatch.
+reductions the policy's in test_parity_minibatch. megatron's critic with TP=2 is the LoRA critic's run below (its
+steps, its merged export of each TP shard) and tests/rl/backends/megatron/test_critic.py's (a full critic's values
+and value loss against the oracle under TP=2).
 Warm-up, with a LoRA critic on a group of its own: with `trainer.critic_warmup=2` the first two steps train the
 critic only: no policy loss is logged and the exported policy is the starting model bit for bit. The same run's last
 checkpoint (the critic's adapters and value head), converted with `rl.launch.convert --model=critic`, is its critic
@@ -45,7 +47,6 @@ GAE = ("trainer.algorithm.advantage_estimator=gae", f"trainer.update_epochs_per_
        f"trainer.critic.optimizer_config.lr={CRITIC_LR}", "data.reward_fn=tests.testing.graded_rewards:length_reward")
 LAYOUTS = {
     "deepspeed-2w-zero3": ("deepspeed", 2, True, (*GAE, "deepspeed_config.train.zero_optimization.stage=3")),
-    "megatron-2w-tp2": ("megatron", 2, True, (*GAE, "trainer.policy.megatron_config.tensor_model_parallel_size=2")),
     "fsdp2-critic-group-2w": ("fsdp2", 1, True, (*GAE, "trainer.placement.colocate_all=false",
                                                  "trainer.placement.critic_num_gpus_per_node=2")),
 }
