@@ -13,15 +13,10 @@ from rl.backends.megatron.chunked_loss import copy_to_group, vocab_parallel_chun
 from rl.core.algorithms import compute_policy_loss
 from rl.core.algorithms.kl import K3_BOUND
 from rl.kernels.reference.policy_terms import plan_loss
+from tests.testing.loss_gaps import log_softmax_gaps, log_softmax_grad_gap, policy_loss_gaps
 from tests.testing.loss_settings import FUSED_LOSS_SETTINGS
 from tests.testing.rendezvous import join, rendezvous
-from tests.testing.tolerances import (
-    assert_within,
-    log_softmax_gaps,
-    log_softmax_grad_gap,
-    matmul_gap,
-    policy_loss_gaps,
-)
+from tests.testing.tolerances import assert_within, matmul_gap
 
 VOCAB, PADDED, HIDDEN, TP = 37, 38, 8, 2
 LENGTHS = [5, 1, 9, 4]

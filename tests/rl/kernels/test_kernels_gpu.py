@@ -7,15 +7,8 @@ from rl.core.algorithms.kl import K3_BOUND
 from rl.kernels import reference as ref_ops
 from rl.kernels.reference.policy_terms import plan_loss
 from tests.rl.kernels.cases import SETTINGS, eager_logprobs, oracle_loss, packed_batch
-from tests.testing.tolerances import (
-    assert_within,
-    log_softmax_gaps,
-    log_softmax_grad_gap,
-    matmul_gap,
-    network_rtol,
-    policy_loss_gaps,
-    rounded_gap,
-)
+from tests.testing.loss_gaps import log_softmax_gaps, log_softmax_grad_gap, policy_loss_gaps
+from tests.testing.tolerances import assert_within, matmul_gap, network_rtol, rounded_gap
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)

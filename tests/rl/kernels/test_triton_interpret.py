@@ -14,17 +14,13 @@ from rl.kernels import reference as ref_ops
 from rl.kernels.reference.policy_terms import plan_loss
 from rl.kernels.triton import ops as tri
 from tests.rl.kernels.cases import SETTINGS, eager_logprobs, oracle_loss, packed_batch
-from tests.testing.tolerances import (
-    assert_within,
-    log_softmax_gaps,
-    log_softmax_grad_gap,
-    matmul_gap,
-    policy_loss_gaps,
-)
+from tests.testing.loss_gaps import log_softmax_gaps, log_softmax_grad_gap, policy_loss_gaps
+from tests.testing.tolerances import assert_within, matmul_gap
 
-# Bounds from tests/testing/tolerances.py: `log_softmax_gaps` and `log_softmax_grad_gap` for logprobs, entropies and
+# Bounds from tests/testing/loss_gaps.py: `log_softmax_gaps` and `log_softmax_grad_gap` for logprobs, entropies and
 # the logits' gradient (each side reduces over the vocabulary in its own order; logits a side computes itself differ
-# by `matmul_gap`), `policy_loss_gaps` for a loss and its metrics from those, and the gradient weights' own move.
+# by tolerances' `matmul_gap`), `policy_loss_gaps` for a loss and its metrics from those, and the gradient weights'
+# own move.
 
 
 def _loss_bounds(settings, b, normalizer, lp0, h0, lp_gap, h_gap, old):
