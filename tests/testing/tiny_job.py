@@ -62,3 +62,14 @@ def run_train(run_dir: str, overrides: list[str], timeout: int = 600, env_extra:
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+def wait_for(proc, condition, what: str, timeout: float = 300, poll_s: float = 0.5) -> None:
+    """Polls `condition` while the launcher process `proc` lives, failing with `what` if it exits first or `timeout`
+    seconds pass."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None and time.monotonic() < deadline, what
+        time.sleep(poll_s)

@@ -12,7 +12,7 @@ import pytest
 
 from rl.core.subprocess_run import kill_group, start_train
 from rl.trainer.state import checkpoint
-from tests.testing.tiny_job import make_tiny_job
+from tests.testing.tiny_job import make_tiny_job, wait_for
 
 RUN = ["trainer.placement.colocate_all=false", "trainer.fully_async.enabled=true",
        "trainer.placement.policy_num_gpus_per_node=2", "trainer.micro_train_batch_size_per_gpu=1",
@@ -35,10 +35,7 @@ def test_failed_actor_ends_the_run_naming_it(tmp_path, victim):
     proc = start_train(run_dir, [*job.overrides(steps=300), *RUN, "trainer.actor_call_timeout_s=15"], output=log)
     try:
         root = os.path.join(run_dir, "checkpoints")
-        deadline = time.monotonic() + 300
-        while not os.path.isdir(checkpoint.step_dir(root, 1)):
-            assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach step 1"
-            time.sleep(0.5)
+        wait_for(proc, lambda: os.path.isdir(checkpoint.step_dir(root, 1)), "the run did not reach step 1")
         log.seek(0)
         pid = int(re.search(pid_pattern, log.read()).group(1))
         os.kill(pid, sig)

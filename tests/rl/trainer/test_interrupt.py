@@ -13,7 +13,7 @@ import time
 import pytest
 
 from rl.core.subprocess_run import kill_group, start_train
-from tests.testing.tiny_job import make_tiny_job
+from tests.testing.tiny_job import make_tiny_job, wait_for
 
 
 def _trained_steps(run_dir: str) -> int:
@@ -44,10 +44,7 @@ def test_ctrl_c_ends_with_one_line_and_leaves_no_ray_process(tmp_path, whole_gro
         overrides = [*make_tiny_job(str(tmp_path / "job")).overrides(steps=200), "trainer.ckpt_interval=1"]
     proc = start_train(run_dir, overrides, output=log, module=module)
     try:
-        deadline = time.monotonic() + 300
-        while _trained_steps(run_dir) < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach step 2"
-            time.sleep(0.5)
+        wait_for(proc, lambda: _trained_steps(run_dir) >= 2, "the run did not reach step 2")
         ray_dir = os.path.realpath(os.path.join(run_dir, "ray"))
         if whole_group:
             os.killpg(proc.pid, signal.SIGINT)
@@ -104,10 +101,7 @@ def test_killed_launcher_takes_its_ray_cluster_with_it(tmp_path):
     proc = start_train(run_dir, [*job.overrides(steps=200), "trainer.placement.policy_num_gpus_per_node=2"],
                        output=log)
     try:
-        deadline = time.monotonic() + 300
-        while _trained_steps(run_dir) < 1:
-            assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach step 1"
-            time.sleep(0.5)
+        wait_for(proc, lambda: _trained_steps(run_dir) >= 1, "the run did not reach step 1")
         log.seek(0)
         # Ray prefixes what an actor prints with its name and pid: this run's workers, whatever else runs here
         workers = {int(pid) for pid in re.findall(r"\(TrainingWorker pid=(\d+)", log.read())}
@@ -166,10 +160,8 @@ def test_ctrl_c_ends_a_run_whose_agent_is_blocked(tmp_path):
                  "trainer.placement.colocate_all=false", "trainer.fully_async.enabled=true"]
     proc = start_train(run_dir, overrides, output=log)
     try:
-        deadline = time.monotonic() + 300
-        while "agent: answered" not in open(tmp_path / "launcher.log").read():  # noqa: SIM115
-            assert proc.poll() is None and time.monotonic() < deadline, "no agent's synchronous call was answered"
-            time.sleep(0.5)
+        wait_for(proc, lambda: "agent: answered" in (tmp_path / "launcher.log").read_text(),
+                 "no agent's synchronous call was answered")
         time.sleep(2)  # every episode asleep in its agent
         os.killpg(proc.pid, signal.SIGINT)
         interrupted = time.monotonic()

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from rl.trainer.state.metrics import read_metrics
-from tests.testing.tiny_job import make_tiny_job, run_train
+from tests.testing.tiny_job import make_tiny_job, run_train, wait_for
 
 COMPARED = ("reward_mean", "loss", "pg_loss", "grad_norm", "kl", "entropy")
 
@@ -66,10 +66,8 @@ def test_a_node_that_leaves_ends_the_run_naming_its_worker(job, tmp_path):
         run_dir = str(tmp_path / "run")
         proc = start_train(run_dir, [*job.overrides(steps=300), "trainer.placement.policy_num_nodes=2",
                                      "trainer.ckpt_interval=1", f"--ray_address={cluster.address}"], output=log)
-        deadline = time.monotonic() + 300
-        while not os.path.isdir(checkpoint.step_dir(os.path.join(run_dir, "checkpoints"), 2)):
-            assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach step 2"
-            time.sleep(0.5)
+        wait_for(proc, lambda: os.path.isdir(checkpoint.step_dir(os.path.join(run_dir, "checkpoints"), 2)),
+                 "the run did not reach step 2")
         log.seek(0)
         ranks = dict(re.findall(r"rank (\d): \S+ node (\S+) pid", log.read()))
         rank = next(r for r, node in ranks.items() if leaving.node_id.startswith(node))

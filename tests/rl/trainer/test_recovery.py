@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 
 import pytest
 from safetensors.torch import load_file
@@ -18,7 +17,7 @@ from safetensors.torch import load_file
 from rl.core.subprocess_run import kill_group, start_train
 from rl.trainer.state import checkpoint
 from rl.trainer.state.metrics import read_metrics
-from tests.testing.tiny_job import make_tiny_job, run_train
+from tests.testing.tiny_job import make_tiny_job, run_train, wait_for
 
 STEPS = 4  # the second victim dies after step 2, with steps left to recover into
 RUN = ["trainer.placement.colocate_all=false", "trainer.placement.policy_num_gpus_per_node=2",
@@ -51,13 +50,6 @@ def reference(job, tmp_path_factory) -> str:
     return run_dir
 
 
-def _wait_for(proc, condition, what: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert proc.poll() is None and time.monotonic() < deadline, what
-        time.sleep(0.2)
-
-
 def _last_pid(text: str, pattern: str) -> int:
     return int(re.findall(pattern, text)[-1])
 
@@ -70,11 +62,12 @@ def test_killed_actors_are_recovered_and_the_run_ends_as_if_uninterrupted(job, t
     log = open(log_path, "w+")  # noqa: SIM115  (read during the run, closed below)
     proc = start_train(run_dir, _overrides(job, 2), output=log)
     try:
-        _wait_for(proc, lambda: os.path.isdir(checkpoint.step_dir(root, 1)), "the run did not reach step 1")
+        wait_for(proc, lambda: os.path.isdir(checkpoint.step_dir(root, 1)), "the run did not reach step 1", poll_s=0.2)
         engine = _last_pid(log_path.read_text(), VICTIMS["engine"])
         os.kill(engine, signal.SIGKILL)
-        _wait_for(proc, lambda: "recovered in" in log_path.read_text(), "the run did not recover from the engine")
-        _wait_for(proc, lambda: os.path.isdir(checkpoint.step_dir(root, 2)), "the run did not reach step 2")
+        wait_for(proc, lambda: "recovered in" in log_path.read_text(), "the run did not recover from the engine",
+                 poll_s=0.2)
+        wait_for(proc, lambda: os.path.isdir(checkpoint.step_dir(root, 2)), "the run did not reach step 2", poll_s=0.2)
         restarted = log_path.read_text().split("start again from", 1)[1]  # the actors started after the warning
         worker = _last_pid(restarted, VICTIMS["worker"])
         os.kill(worker, signal.SIGKILL)
