@@ -176,5 +176,14 @@ def test_hydra_delete_and_add_prefixes(tmp_path):
     assert dropped.trainer.policy.optimizer_config == defaults.trainer.policy.optimizer_config
     assert load_config(["~trainer.seed", "++trainer.seed=5"], config_file=str(config)).trainer.seed == 5
     assert load_config(["+trainer.seed=6"], config_file=str(config)).trainer.seed == 6
+    # Hydra's `~key=value` form names the value too; the key is dropped the same way
+    assert load_config(["~trainer.seed=3"], config_file=str(config)).trainer.seed == defaults.trainer.seed
     with pytest.raises(ConfigError, match=r"~trainer\.sede: nothing sets trainer\.sede to delete"):
         load_config(["~trainer.sede"], config_file=str(config))
+
+
+def test_a_config_file_that_is_not_a_mapping_is_named(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("- trainer.seed: 3\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"config file {config}: must hold a mapping of sections"):
+        load_config([], config_file=str(config))
