@@ -17,7 +17,7 @@ import rl.backends.registry  # noqa: F401  (the strategies' blocks are keys of o
 from rl.core.config.keys import all_keys
 from rl.trainer.state.metrics import read_metrics
 from tests.rl.core.config.skyrl_scripts import skyrl_args
-from tests.rl.core.config.upstream_configs import NEMO_1B, NEMO_1B_MEGATRON
+from tests.rl.core.config.upstream_configs import NEMO_1B_MEGATRON
 from tests.testing import tolerances
 from tests.testing.tiny_job import make_tiny_job, run_train
 
@@ -99,8 +99,10 @@ def test_skyrl_examples_train(job, tmp_path, name):
         assert saved["environment"]["env_class"] == "gsm8k_multi_turn"
 
 
-@pytest.mark.parametrize("recipe", [NEMO_1B, NEMO_1B_MEGATRON], ids=["dtensor", "megatron"])
-def test_nemo_1b_trains(job, tmp_path, recipe):
+def test_nemo_1b_megatron_trains(job, tmp_path):
+    """NeMo RL's megatron recipe, which reads its dtensor parent (`defaults: grpo_math_1B.yaml`) first: both files'
+    keys are read (the parent's alone is loaded in test_config_dialects and test_config_nemo); fsdp2, the parent's
+    strategy, is every other launcher test's."""
     # NeMo RL's prompt files, written here: the template's two words are outside the embedded vocabulary, so the
     # trainer's unknown-token warning shows the prompts it encodes were built with it (the task's own are not).
     (tmp_path / "cot.txt").write_text("Please solve:\n{}", encoding="utf-8")
@@ -112,7 +114,7 @@ def test_nemo_1b_trains(job, tmp_path, recipe):
     config = tmp_path / "run.yaml"
     config.write_text(
         textwrap.dedent(f"""\
-        defaults: {recipe}
+        defaults: {NEMO_1B_MEGATRON}
         policy:
           model_name: {job.model_path}
           generation: {{backend: hf}}
@@ -136,13 +138,12 @@ def test_nemo_1b_trains(job, tmp_path, recipe):
     assert "val_accuracy" in read_metrics(os.path.join(run_dir, "metrics.jsonl"))[-1]
     saved = _saved(run_dir)
     _only_our_keys(saved)
-    assert saved["trainer"]["strategy"] == ("megatron" if recipe == NEMO_1B_MEGATRON else "fsdp2")
+    assert saved["trainer"]["strategy"] == "megatron"
     assert saved["data"]["reward_fn"] == ["gsm8k_flexible"]
     assert [saved["data"][key] for key in ("prompt_key", "answer_key", "val_data", "val_split_size")] == [
         "input", "output", [], 0.05]
-    if recipe == NEMO_1B_MEGATRON:
-        assert saved["trainer"]["policy"]["optimizer_config"]["lr_warmup_steps"] == 13
-        assert saved["trainer"]["bf16"] is True
+    assert saved["trainer"]["policy"]["optimizer_config"]["lr_warmup_steps"] == 13
+    assert saved["trainer"]["bf16"] is True
     assert (saved["data"]["prompt_template_file"], saved["data"]["system_prompt_file"]) == (
         str(tmp_path / "cot.txt"), str(tmp_path / "system.txt"))
 
