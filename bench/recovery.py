@@ -4,11 +4,13 @@ and a checkpoint every step, in one run per case:
 
     PYTHONPATH=. python -m bench.recovery [--steps 6] [--kill-after 3] [--cases none,engine,worker,reward]
 
-Each case SIGKILLs its victim once step `--kill-after`'s checkpoint is written: `engine` the generation engine,
-`worker` training rank 1, `reward` a reward process (data.reward_num_workers=2) while idle. Reported: the run's wall
-time, its extra time over `none` (the uninterrupted run), the recovery time the run printed (from the death to the
-actors loaded again from the checkpoint, engines and workers alike; the steps run again after it come on top), and
-whether every step's metrics (timings aside) equal the uninterrupted run's.
+Each case SIGKILLs its victim: `engine` the generation engine as step `--kill-after` + 1's generation call reaches
+it (RL_KILL_AT=engine_generate:<version>), `worker` training rank 1 and `reward` a reward process
+(data.reward_num_workers=2, while idle) once step `--kill-after`'s checkpoint is written. Reported: the run's wall
+time, its extra time over `none` (the uninterrupted run), the recovery time the run printed (the engine: from the
+death found to the replacement loaded with the weights, its call issued again; a worker: from the death to every
+actor loaded again from the checkpoint, the steps run again after it on top), and whether every step's metrics
+(timings aside) equal the uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from bench.common import format_table
 
 RUN = ["trainer.placement.colocate_all=false", "trainer.placement.policy_num_gpus_per_node=2",
        "trainer.ckpt_interval=1", "trainer.max_restarts=1", "data.reward_num_workers=2"]
-VICTIMS = {"engine": r"engine 0: \S+ node \S+ pid (\d+)", "worker": r"rank 1: \S+ node \S+ pid (\d+)"}
-TIMINGS = re.compile(r"_time_s$|^tokens_per_s$|^restarts$")
+VICTIMS = {"worker": r"rank 1: \S+ node \S+ pid (\d+)"}
+TIMINGS = re.compile(r"_time_s$|^tokens_per_s$|^restarts$|^engines_replaced$")
 
 
 def reward_process(launcher_pid: int) -> int:
@@ -47,10 +49,12 @@ def run_case(case: str, steps: int, kill_after: int, root: str) -> dict:
     run_dir = os.path.join(root, case)
     log_path = os.path.join(root, f"{case}.log")
     started = time.monotonic()
+    env = ({"RL_KILL_AT": f"engine_generate:{kill_after}", "RL_KILL_ONCE": os.path.join(root, "engine-killed")}
+           if case == "engine" else None)
     with open(log_path, "w+") as log:
-        proc = start_train(run_dir, [*RUN, f"trainer.max_steps={steps}"], output=log)
+        proc = start_train(run_dir, [*RUN, f"trainer.max_steps={steps}"], output=log, env_extra=env)
         try:
-            if case != "none":
+            if case in VICTIMS or case == "reward":
                 step_dir = checkpoint.step_dir(os.path.join(run_dir, "checkpoints"), kill_after)
                 while not os.path.isdir(step_dir):
                     if proc.poll() is not None:
@@ -67,9 +71,9 @@ def run_case(case: str, steps: int, kill_after: int, root: str) -> dict:
         output = log.read()
     if code:
         raise RuntimeError(f"{case} exited {code}:\n{output[-3000:]}")
-    recovered = re.search(r"^recovered in (\d+\.\d) s", output, re.M)
-    return {"wall_s": time.monotonic() - started, "recovery_s": float(recovered.group(1)) if recovered else None,
-            "run_dir": run_dir}
+    recovered = re.search(r"^recovered in (\d+\.\d) s|; replaced in (\d+\.\d) s", output, re.M)
+    seconds = float(recovered.group(1) or recovered.group(2)) if recovered else None
+    return {"wall_s": time.monotonic() - started, "recovery_s": seconds, "run_dir": run_dir}
 
 
 def same_metrics(run_dir: str, reference: str) -> bool:

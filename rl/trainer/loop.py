@@ -34,16 +34,17 @@ from rl.trainer.state import checkpoint, finite, write_faults
 from rl.trainer.state.faults import crash_point
 from rl.trainer.state.metrics import MetricsLogger
 from rl.trainer.workers.placement import needs_reference
+from rl.trainer.workers.restarts import RestartBudget
 from rl.trainer.workers.worker_start import StartedWorkers, setup_worker_groups, start_workers
 
 
 class Trainer:
     def __init__(self, cfg, run_dir: str, started: StartedWorkers | None = None, clock: StartupClock | None = None,
-                 restarts: int = 0):
+                 restarts: int = 0, budget: RestartBudget | None = None):
         """`started`: the placement and worker actors already started (`start_workers`), or None to start them
-        here; `clock` is charged with the phases of the start; `restarts`: how many times the run's actors have
-        started again after a death (trainer.max_restarts), logged with every step where restarts are allowed."""
-        self.restarts = restarts
+        here; `clock` is charged with the phases of the start; `restarts` (logged where allowed): how many times
+        the run's actors started again after a death, `budget` the recoveries it may make (trainer.max_restarts)."""
+        self.restarts, self.budget = restarts, budget
         from transformers import AutoTokenizer
 
         self.cfg, self.run_dir = cfg, run_dir
@@ -83,7 +84,8 @@ class Trainer:
                       flush=True)
                 group.timeout_s = cfg.trainer.actor_call_timeout_s
         if isinstance(self.engine, RemoteEngines):
-            self.engine.timeout_s = cfg.trainer.actor_call_timeout_s
+            self.engine.timeout_s, self.engine.budget = cfg.trainer.actor_call_timeout_s, budget
+            self.engine.step_now = lambda: self.current_step  # named when an engine is replaced
         self.weight_sync = make_weight_sync(cfg, self.group, self.engine)
         pad = self.tokenizer.pad_token_id or 0
         self.forward_batching = micro_batching(cfg, self.group.dp_size, pad, train=False)
@@ -153,6 +155,7 @@ class Trainer:
             row = self.train_step(step)
             if trainer.max_restarts:
                 row["restarts"] = self.restarts
+                row["engines_replaced"] = self.budget.engines_replaced if self.budget is not None else 0
             if self.val_set is not None and _due(step, trainer.eval_interval, self.total_steps):
                 row.update(self.evaluate(step))
             self.metrics.log(row)

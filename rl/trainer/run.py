@@ -72,6 +72,17 @@ def _actor_failure(trainer, error: Exception, run_dir: str) -> str | None:
     return f"{who} failed in {method}(): {cause} (traceback: {_keep_traceback(text, run_dir)})"
 
 
+def _kind_lost(trainer, error: Exception) -> str:
+    """Which kind of recovery (`restarts.ENGINE` or `restarts.WORKER`) the loss of the actor `error` names takes."""
+    from rl.trainer.workers.restarts import ENGINE, WORKER
+    from rl.trainer.workers.waiting import ActorHung
+
+    names = error.names if isinstance(error, ActorHung) else [
+        (trainer.actor_names() if trainer is not None else {}).get(getattr(error, "actor_id", None) or "")
+        or _actor_in(_plain(str(error)))[0]]
+    return ENGINE if names and all("generation engine" in name for name in names) else WORKER
+
+
 def _keep_traceback(text: str, run_dir: str) -> str:
     path = os.path.join(run_dir, FAILURE_FILE)
     with open(path, "w", encoding="utf-8") as f:
@@ -176,6 +187,7 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
     from rl.trainer.state.finite import NonFiniteError
     from rl.trainer.state.write_faults import WriteFailed
     from rl.trainer.workers.placement import machine_cores, make_plan
+    from rl.trainer.workers.restarts import RestartBudget
     from rl.trainer.workers.waiting import ActorHung
     from rl.trainer.workers.worker_group import start_ray, stop_ray
     from rl.trainer.workers.worker_start import start_workers
@@ -191,7 +203,8 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
     clock.mark("preflight")
     start_ray(run_dir, ray_address, slots=make_plan(cfg, torch.cuda.is_available(), machine_cores()).slots)
     clock.mark("ray")
-    trainer, started, restarts, failed_at = None, None, 0, None
+    trainer, started, restarts, failed_at, counted = None, None, 0, None, ""
+    budget = RestartBudget(cfg.trainer.max_restarts, cfg.trainer.restart_window_steps)
     try:
         while True:
             try:
@@ -199,23 +212,23 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
                 from rl.trainer.loop import Trainer
 
                 clock.mark("trainer imports")
-                trainer = Trainer(cfg, run_dir, started, clock, restarts)
+                trainer = Trainer(cfg, run_dir, started, clock, restarts, budget)
                 if failed_at is None:
                     print(clock.line(), flush=True)
                 else:
-                    print(f"recovered in {time.monotonic() - failed_at:.1f} s (restart {restarts} of "
-                          f"{cfg.trainer.max_restarts}, trainer.max_restarts)", flush=True)
+                    print(f"recovered in {time.monotonic() - failed_at:.1f} s ({counted})", flush=True)
                 trainer.fit()
                 break
             except (RayActorError, ActorHung) as error:  # a death or a hang, not an exception of a live actor
                 what = _actor_failure(trainer, error, run_dir)
-                if what is None or restarts >= cfg.trainer.max_restarts:
-                    raise
-                failed_at, restarts = time.monotonic(), restarts + 1
                 step = trainer.current_step if trainer is not None else 0
+                kind = _kind_lost(trainer, error)
+                if what is None or not budget.take(kind, step):
+                    raise
+                failed_at, restarts, counted = time.monotonic(), restarts + 1, budget.describe(kind, step)
                 latest = checkpoint.latest(checkpoint.root_of(cfg, run_dir), log=lambda _: None)
                 print(f"warning: {what} at step {step}; the run's actors start again from "
-                      f"{latest or 'the first step'} (restart {restarts} of {cfg.trainer.max_restarts})", flush=True)
+                      f"{latest or 'the first step'} ({counted})", flush=True)
                 _tear_down(trainer, started)
                 trainer, started = None, None
                 cfg = resuming(cfg)

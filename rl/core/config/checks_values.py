@@ -81,6 +81,7 @@ RULES: tuple[Rule, ...] = (
     at_least("trainer.fully_async.partial_rollout_tokens", 0),
     optional(above("trainer.actor_call_timeout_s", 0)),
     at_least("trainer.max_restarts", 0),
+    at_least("trainer.restart_window_steps", 0),
     optional(above("trainer.collective_timeout_s", 0)),
     at_least(_ALGO + "zero_variance_filter_tol", 0, "a number"),
     *(interval(f"trainer.{name}") for name in ("ckpt_interval", "hf_save_interval", "eval_interval")),

@@ -199,11 +199,18 @@ class TrainerConfig:
     last complete checkpoint; null waits forever. Raise it for long generations on large models."""
 
     max_restarts: int
-    """How many times a run whose engine, training worker, critic or reward model died (or stopped answering within
-    actor_call_timeout_s) starts all its actors again, inside the same run, from its last complete checkpoint (from
-    the start without one) and goes on; 0 ends the run at the first death, naming the actor. Resuming is exact, so a
-    recovered run ends with the weights an uninterrupted one would have; the steps since the checkpoint run again
-    (trainer.ckpt_interval bounds how many). An exception raised inside a live actor is not retried."""
+    """How many recoveries from a lost actor (one that died, or stopped answering within actor_call_timeout_s) the
+    run makes of each kind, generation engines and the others, within trainer.restart_window_steps; 0 ends the run at
+    the first loss, naming the actor. An engine lost during a generation call is replaced on its own, brought to the
+    policy's weights, and its calls are issued again with their seeds; any other loss (a training worker, critic,
+    reference or reward model, or an engine lost during a weight sync) starts all the run's actors again from the
+    last complete checkpoint (from the start without one), and the steps since it run again (trainer.ckpt_interval
+    bounds how many). Both give the weights an uninterrupted run would have in a synchronous run. An exception raised
+    inside a live actor is not retried."""
+
+    restart_window_steps: int
+    """The window of trainer.max_restarts, in steps: a recovery counts against the limit while it is one of the last
+    restart_window_steps steps; 0 counts every recovery of the run."""
 
     collective_timeout_s: float | None
     """Seconds a collective of the training workers (an all-reduce, all-gather or broadcast in any of their

@@ -6,12 +6,21 @@ collected later (`submit`/`collect`), which is how generation overlaps training 
 
 With partial rollouts (`trainer.fully_async.partial_rollout_tokens` > 0) an engine actor generates in segments
 (`rl.core.generation.segments`) on a thread of its own, and takes weight updates on another: an update waits for
-the segment in progress, and the next segment waits for the update, so new weights land mid-call."""
+the segment in progress, and the next segment waits for the update, so new weights land mid-call.
+
+An engine that dies or stops answering during a generation call is replaced on its own (`trainer.max_restarts`
+engine replacements): a new actor in the same placement bundle, brought to the policy version the others hold by a
+push from training rank 0 (`bring_up`, set by the weight sync), and every call in flight on the lost engine issued
+again to it with the same prompts and seeds. Rollouts depend only on the seed, the weights and the prompts, so the
+step's rollouts are the ones the lost engine would have returned when the pushed weights are the version it held:
+always in a synchronous run, where nothing trains while the engines generate."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,8 +28,9 @@ import torch
 from rl.backends.cores import pin_to_assigned_cores
 from rl.backends.lifeline import exit_with_parent
 from rl.core.generation import GenerationEngine, Rollout, SamplingParams, build_engine
-from rl.trainer.state.faults import segment_delay
-from rl.trainer.workers.waiting import wait_all
+from rl.trainer.state.faults import crash_point, segment_delay
+from rl.trainer.workers.restarts import ENGINE, RestartBudget
+from rl.trainer.workers.waiting import ActorHung, wait_all
 
 GENERATE = "generate"  # the engine actor's concurrency group for generation, with partial rollouts
 
@@ -51,6 +61,7 @@ class EngineActor:
                            ) -> tuple[int, list[Rollout]]:
         """(the oldest policy version of the weights used, the rollouts); `images`: each prompt's (`ImageInputs` or
         None), for a vision-language model."""
+        crash_point("engine_generate", self.version)
         if not self.segment_tokens:
             if self.updating:
                 raise RuntimeError("generate called in the middle of a weight update (the driver must order them)")
@@ -127,6 +138,19 @@ class EngineActor:
         self.engine.reload()
 
 
+@dataclass(eq=False)  # shares are told apart by identity
+class Share:
+    """One engine's part of a call: where its prompts start in the call and what it was asked (kept, so that a
+    replacement engine is asked the same with the same seeds), the actor it went to and its pending result."""
+    start: int
+    engine: int
+    prompts: list[list[int]]
+    params: SamplingParams
+    images: list | None
+    actor: Any = None
+    ref: Any = None
+
+
 class RemoteEngines(GenerationEngine):
     """The driver's view of the engine actors: one `GenerationEngine` whose calls fan out to all of them."""
 
@@ -138,14 +162,23 @@ class RemoteEngines(GenerationEngine):
 
         self.segmented = segment_tokens > 0
         actor = ray.remote(concurrency_groups={GENERATE: 1})(EngineActor) if self.segmented else ray.remote(EngineActor)
-        self.actors = [actor.options(**options(i)).remote(name, model_path, kwargs, segment_tokens)
-                       for i in range(count)]
+        self._start = lambda i: actor.options(**options(i)).remote(name, model_path, kwargs, segment_tokens)
+        self.actors = [self._start(i) for i in range(count)]
         self.places = ray.get([a.where.remote() for a in self.actors])
         self.device = ", ".join(f"engine {i}: {place}" for i, place in enumerate(self.places))
         self.timeout_s: float | None = None  # trainer.actor_call_timeout_s
         # A push and the calls of other threads (the rollout queue's episodes) reach an engine in the order they
         # are submitted from here: no call is submitted between begin_update and finish_update.
         self.gate, self.pushing = threading.Condition(), False
+        self.version = 0  # the policy version every engine holds (the last finish_update)
+        # Replacing a lost engine: the run's budget, the step being run (for the message), how a new actor gets the
+        # policy's weights (weight_sync), the calls in flight.
+        self.budget: RestartBudget | None = None
+        self.step_now: Callable[[], int] = lambda: 0
+        self.bring_up: Callable[[Any], None] | None = None
+        self.in_flight: list[Share] = []
+        self.fleet = 0  # bumped by each replacement: a weight group formed with the old actors must be formed again
+        self.replacing = threading.Lock()
 
     @property
     def labels(self) -> list[str]:
@@ -165,35 +198,82 @@ class RemoteEngines(GenerationEngine):
                  ) -> list[Rollout]:
         return self.collect(self.submit(prompts, params, images))[1]
 
-    def submit(self, prompts: list[list[int]], params: SamplingParams, images: list | None = None
-               ) -> list[tuple[int, Any]]:
+    def submit(self, prompts: list[list[int]], params: SamplingParams, images: list | None = None) -> list[Share]:
         """Starts a call without waiting: the prompts (and their images, each prompt's once) split into contiguous
-        shares, one per engine; returns (first prompt index, pending result) per share."""
-        share = -(-len(prompts) // len(self.actors))
-        starts = list(range(0, len(prompts), share)) if prompts else []
+        shares, one per engine, each seeded of its own (or every engine would draw the same random numbers for its
+        prompts)."""
+        size = -(-len(prompts) // len(self.actors))
+        shares = [Share(start, engine, prompts[start:start + size], params.for_part(start) if start else params,
+                        images[start:start + size] if images else None)
+                  for engine, start in enumerate(range(0, len(prompts), size))] if prompts else []
         with self.gate:
             self.gate.wait_for(lambda: not self.pushing)
-            # each share seeded of its own, or every engine would draw the same random numbers for its prompts
-            return [(start, self._generate_call(actor).remote(prompts[start:start + share],
-                                                              params.for_part(start) if start else params,
-                                                              images[start:start + share] if images else None))
-                    for actor, start in zip(self.actors, starts, strict=False)]
+            with self.replacing:
+                for share in shares:
+                    self._issue(share)
+                self.in_flight.extend(shares)
+        return shares
 
-    def _generate_call(self, actor):
-        method = actor.generate_versioned
-        return method.options(concurrency_group=GENERATE) if self.segmented else method
+    def _issue(self, share: Share) -> None:
+        share.actor = self.actors[share.engine]
+        method = share.actor.generate_versioned
+        method = method.options(concurrency_group=GENERATE) if self.segmented else method
+        share.ref = method.remote(share.prompts, share.params, share.images)
 
-    def collect(self, pending: list[tuple[int, Any]]) -> tuple[list[int], list[Rollout]]:
+    def collect(self, pending: list[Share]) -> tuple[list[int], list[Rollout]]:
         """Waits for a submitted call: (each share's policy version, the rollouts in prompt-major order with the
         prompt indices of the whole call)."""
-        parts = self.wait([ref for _, ref in pending], self.actors[:len(pending)])
         versions, rollouts = [], []
-        for (start, _), (version, part) in zip(pending, parts, strict=True):
-            versions.append(version)
-            for rollout in part:
-                rollout.prompt_index += start
-                rollouts.append(rollout)
+        try:
+            for share in pending:
+                version, part = self._result(share)
+                versions.append(version)
+                for rollout in part:
+                    rollout.prompt_index += share.start
+                    rollouts.append(rollout)
+        finally:
+            with self.replacing:
+                self.in_flight = [share for share in self.in_flight if share not in pending]
         return versions, rollouts
+
+    def _result(self, share: Share) -> tuple[int, list[Rollout]]:
+        """A share's result; if its engine died or stopped answering, the engine replaced (which issues the share
+        again) when the budget allows."""
+        from ray.exceptions import RayActorError
+
+        while True:
+            actor, ref = share.actor, share.ref
+            try:
+                return wait_all([ref], [self.labels[share.engine]], self.timeout_s)[0]
+            except (RayActorError, ActorHung) as error:
+                self.replace(share.engine, actor, error)
+
+    def replace(self, index: int, lost: Any, error: Exception) -> None:
+        """Engine `index`, found dead or hung as actor `lost`, replaced and its calls in flight issued again; `error`
+        raised where the budget allows no replacement. A no-op if another thread replaced `lost` already."""
+        import ray
+
+        with self.replacing:
+            if self.actors[index] is not lost:
+                return
+            step = self.step_now()
+            if self.budget is None or self.bring_up is None or not self.budget.take(ENGINE, step):
+                raise error
+            started, label = time.monotonic(), self.labels[index]
+            ray.kill(lost, no_restart=True)  # a hung engine holds its bundle's devices until it is gone
+            actor = self._start(index)
+            self.places[index] = wait_all([actor.where.remote()], [f"generation engine {index}"], self.timeout_s)[0]
+            self.bring_up(actor)
+            wait_all([actor.finish_update.remote(self.version)], [self.labels[index]], self.timeout_s)
+            self.actors[index], self.fleet = actor, self.fleet + 1
+            self.budget.engines_replaced += 1
+            lost_calls = [share for share in self.in_flight if share.actor is lost]
+            for share in lost_calls:
+                self._issue(share)
+        why = f"did not answer ({error})" if isinstance(error, ActorHung) else f"died ({_first_line(error)})"
+        print(f"warning: {label} {why} at step {step}; replaced in {time.monotonic() - started:.1f} s by "
+              f"{self.labels[index]}; {len(lost_calls)} call(s) issued again with their seeds "
+              f"({self.budget.describe(ENGINE, step)})", flush=True)
 
     def begin_update(self) -> None:
         """Waits for the calls already submitted to finish (with partial rollouts: for their segments in
@@ -206,6 +286,7 @@ class RemoteEngines(GenerationEngine):
     def finish_update(self, version: int) -> None:
         try:
             self.wait([a.finish_update.remote(version) for a in self.actors])
+            self.version = version
         finally:
             with self.gate:
                 self.pushing = False
@@ -220,3 +301,10 @@ class RemoteEngines(GenerationEngine):
 
     def reload(self) -> None:
         self.wait([a.reload.remote() for a in self.actors])
+
+
+def _first_line(error: Exception) -> str:
+    """The first line of Ray's message about a dead actor ("The actor died unexpectedly before finishing this
+    task."), with the exception's type."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__

@@ -15,7 +15,8 @@
 
 The driver sees only counts in the first three. `sync(version)` names the policy version the weights are (the number
 of optimizer updates behind them); it returns `sync_bytes` and `sync_buckets` for the step's metrics (the loop times
-it as `sync_time_s`).
+it as `sync_time_s`). `bring_up(actor)` gives an engine actor that replaced a lost one the weights rank 0 holds,
+through Ray's object store whatever the transport (a weight group is formed again at the next sync).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from rl.trainer.workers.worker_group import WorkerGroup
 class PushSync:
     def __init__(self, group: WorkerGroup, engines: RemoteEngines, bucket_mb: int):
         self.group, self.engines, self.bucket_bytes = group, engines, bucket_mb << 20
+        engines.bring_up = self.bring_up
+
+    def bring_up(self, actor) -> None:
+        self.group.call("push_weights", [actor], self.bucket_bytes)
 
     def sync(self, version: int) -> dict[str, float]:
         """Waits for the engines' submitted calls, then sends; their later rollouts carry `version`."""
@@ -53,24 +58,32 @@ class SharedSync(PushSync):
         return self.group.call("share_weights", self.engines.actors, self.bucket_bytes, self.feeds.feeders)[0]
 
 
-class CollectiveSync:
+class CollectiveSync(PushSync):
     """Engines on devices of their own: rank 0 and the engine actors form a process group (gloo or nccl) and rank 0
     broadcasts the buckets (`rl.backends.weight_stream`); Ray carries only the calls."""
 
     def __init__(self, group: WorkerGroup, engines: RemoteEngines, bucket_mb: int, backend: str):
+        super().__init__(group, engines, bucket_mb)
+        self.backend = backend
+        self.form()
+
+    def form(self) -> None:
+        """Rank 0 and the engines the run has now join a weight group (collective: all of them)."""
         import ray
 
-        self.group, self.engines, self.bucket_bytes = group, engines, bucket_mb << 20
-        world = 1 + len(engines.actors)
-        host, port = ray.get(group.actors[0].host_rendezvous.remote(world))
-        ray.get([group.actors[0].join_weight_group.remote(host, port, world, backend)]
-                + [a.join_weight_group.remote(host, port, i + 1, world, backend)
+        engines, world = self.engines, 1 + len(self.engines.actors)
+        host, port = ray.get(self.group.actors[0].host_rendezvous.remote(world))
+        ray.get([self.group.actors[0].join_weight_group.remote(host, port, world, self.backend)]
+                + [a.join_weight_group.remote(host, port, i + 1, world, self.backend)
                    for i, a in enumerate(engines.actors)])
+        self.formed = engines.fleet
 
     def sync(self, version: int) -> dict[str, float]:
         from rl.trainer.workers.waiting import wait_all
 
         self.engines.begin_update()
+        if self.formed != self.engines.fleet:  # an engine was replaced since the group formed
+            self.form()
         receiving = [a.receive_weights.remote() for a in self.engines.actors]
         streaming = self.group.submit("stream_weights", self.bucket_bytes)
         # one wait for both sides: a member that stops answering holds up the others, and all of them are named

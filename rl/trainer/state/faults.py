@@ -1,4 +1,6 @@
-"""Fault and timing points for tests: `RL_KILL_AT=<point>:<step>` SIGKILLs the driver when it reaches that point;
+"""Fault and timing points for tests: `RL_KILL_AT=<point>:<step>` SIGKILLs the process that reaches that point (the
+driver at `checkpoint_written`, an engine actor at `engine_generate` with the policy version it holds); with
+`RL_KILL_ONCE=<path>` only the first to reach it, which creates the file (a replacement goes on past it);
 `RL_SEGMENT_DELAY_S=<seconds>` holds each partial-rollout segment's result that long before the next segment, so a
 step's generation outlasts the training step beside it and the weight push lands in the middle of its responses."""
 
@@ -9,12 +11,19 @@ import signal
 import time
 
 KILL_AT = "RL_KILL_AT"
+KILL_ONCE = "RL_KILL_ONCE"
 SEGMENT_DELAY = "RL_SEGMENT_DELAY_S"
 
 
 def crash_point(point: str, step: int) -> None:
-    if os.environ.get(KILL_AT) == f"{point}:{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(KILL_AT) != f"{point}:{step}":
+        return
+    if os.environ.get(KILL_ONCE):
+        try:
+            os.close(os.open(os.environ[KILL_ONCE], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def segment_delay() -> None:

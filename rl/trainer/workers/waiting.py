@@ -9,6 +9,7 @@ from typing import Any
 
 class ActorHung(Exception):
     def __init__(self, names: Sequence[str], timeout_s: float):
+        self.names = list(names)
         super().__init__(f"{', '.join(names)} did not answer within {timeout_s:g} s "
                          "(trainer.actor_call_timeout_s)")
 

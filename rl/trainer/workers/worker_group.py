@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +125,9 @@ class WorkerGroup:
         self.timeout_s: float | None = None  # trainer.actor_call_timeout_s
         self.collective_timeout_s: float | None = None  # trainer.collective_timeout_s
         self.role = "training worker"
+        # A call reaches every rank in the same order as every other call (their collectives pair up) even when two
+        # threads call: an engine replaced during a multi-turn episode gets its weights while the driver trains.
+        self.order = threading.Lock()
 
     @property
     def places(self) -> list[str]:
@@ -161,7 +165,8 @@ class WorkerGroup:
 
     def submit(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """`call` started without waiting: every rank's pending result."""
-        return [getattr(a, method).remote(*args, **kwargs) for a in self.actors]
+        with self.order:
+            return [getattr(a, method).remote(*args, **kwargs) for a in self.actors]
 
     def call_sharded(self, method: str, shards: Sequence[Any], *args: Any) -> list[Any]:
         """Runs `method(shards[d], *args)` on every rank of data-parallel shard d; each shard goes into Ray's object
@@ -176,8 +181,9 @@ class WorkerGroup:
         if len(shards) != self.dp_size:
             raise ValueError(f"{method}: got {len(shards)} shards for a data-parallel size of {self.dp_size}")
         refs = [ray.put(shard) for shard in shards]
-        return [getattr(actor, method).remote(refs[shard], *args)
-                for actor, shard in zip(self.actors, self.layout.shard_of_rank, strict=True)]
+        with self.order:
+            return [getattr(actor, method).remote(refs[shard], *args)
+                    for actor, shard in zip(self.actors, self.layout.shard_of_rank, strict=True)]
 
     def collect_sharded(self, pending: list[Any]) -> list[Any]:
         results = wait_all(pending, self.labels, self.timeout_s)

@@ -8,6 +8,7 @@ asynchronously still reaches 0.7 validation accuracy at step 40."""
 
 import itertools
 import os
+import re
 
 import pytest
 
@@ -36,9 +37,10 @@ def job(tmp_path_factory):
     return make_tiny_job(str(tmp_path_factory.mktemp("job")))
 
 
-def _run(job, run_dir: str, extra: list[str], steps: int = STEPS) -> tuple[list[dict], str]:
+def _run(job, run_dir: str, extra: list[str], steps: int = STEPS, env_extra: dict | None = None
+         ) -> tuple[list[dict], str]:
     result = run_train(run_dir, [*job.overrides(steps=steps), "data.reward_fn=gsm8k_flexible",
-                                 "trainer.algorithm.use_entropy_loss=true", *extra])
+                                 "trainer.algorithm.use_entropy_loss=true", *extra], env_extra=env_extra)
     assert result.returncode == 0, result.stderr[-5000:]
     rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     assert [row["step"] for row in rows] == list(range(1, steps + 1))
@@ -60,13 +62,20 @@ def test_engine_on_its_own_core(separate):
 
 
 def test_no_staleness_is_the_synchronous_schedule_whatever_the_transport_and_reference(job, separate, tmp_path):
-    """`max_staleness_steps=0` is the synchronous schedule; and on the way, two placements that must not change a
-    number either: the weights through Ray's object store instead of the default gloo group (same bytes), and the
-    reference model on a group of two workers of its own (`colocate_policy_ref=false`, its logprob pass beside the
-    policy's) instead of on the policy's worker. Same metrics as the synchronous run at every step."""
+    """`max_staleness_steps=0` is the synchronous schedule; and on the way, what must not change a number either:
+    the weights through Ray's object store instead of the default gloo group (same bytes), the reference model on a
+    group of two workers of its own (`colocate_policy_ref=false`, its logprob pass beside the policy's) instead of on
+    the policy's worker, and the engine SIGKILLed by its first call at policy version 1 (a turn of step 2's episodes,
+    played in the queue's thread), replaced and the call issued again (trainer.max_restarts). Same metrics as the
+    synchronous run at every step."""
     rows, stdout = _run(job, str(tmp_path / "async0"),
                         [*_asynchronous(0), *EPISODES, "generator.weight_sync_backend=ray",
-                         "trainer.placement.colocate_policy_ref=false", "trainer.placement.ref_num_gpus_per_node=2"])
+                         "trainer.placement.colocate_policy_ref=false", "trainer.placement.ref_num_gpus_per_node=2",
+                         "trainer.max_restarts=1"],
+                        env_extra={"RL_KILL_AT": "engine_generate:1", "RL_KILL_ONCE": str(tmp_path / "killed")})
+    assert re.search(r"^warning: generation engine 0 \(.*\) died \(ActorDiedError: .*\) at step 2; replaced in .* "
+                     r"1 call\(s\) issued again with their seeds", stdout, re.M), stdout[-3000:]
+    assert [row["engines_replaced"] for row in rows] == [0, 1, 1, 1] and rows[-1]["restarts"] == 0
     assert "weight sync: ray" in stdout
     assert "the reference model on 2 worker(s) of its own (1 x 2)" in stdout
     assert stdout.count("reference workers: rank 0:") == 1 and "rank 1:" in stdout.split("reference workers:")[1]
