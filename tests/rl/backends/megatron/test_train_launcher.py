@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from rl.trainer.state.metrics import read_metrics
 from tests.testing.tiny_job import make_tiny_job, run_train
 
-# As in tests/rl/trainer/test_trainer_parity.py: a non-zero first-step gradient over the whole loss.
+# As in tests/testing/parity.py: a non-zero first-step gradient over the whole loss.
 NONZERO = ["data.reward_fn=gsm8k_flexible", "trainer.algorithm.use_entropy_loss=true"]
 
 
