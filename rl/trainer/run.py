@@ -49,7 +49,7 @@ def _actor_failure(trainer, error: Exception, run_dir: str) -> str | None:
     whole traceback goes to RUN_DIR/actor_failure.txt, whose path the line gives."""
     from ray.exceptions import RayActorError
 
-    from rl.trainer.workers.waiting import ActorHung
+    from rl.trainer.workers.waiting import ActorHung, first_line
 
     if isinstance(error, ActorHung):
         return str(error)
@@ -59,7 +59,7 @@ def _actor_failure(trainer, error: Exception, run_dir: str) -> str | None:
     if isinstance(error, RayActorError):
         who = names.get(getattr(error, "actor_id", None) or "") or _actor_in(text)[0]
         if cause is None:
-            return f"{who} died ({_first_line(error)})"
+            return f"{who} died ({first_line(error)})"
         during = " in its construction" if getattr(error, "actor_init_failed", False) else ""
         return f"{who} died{during}: {cause} (traceback: {_keep_traceback(text, run_dir)})"
     dead = trainer.dead_actor() if trainer is not None else None  # a survivor's collective failed first
@@ -88,11 +88,6 @@ def _keep_traceback(text: str, run_dir: str) -> str:
     with open(path, "w", encoding="utf-8") as f:
         f.write(text + "\n")
     return path
-
-
-def _first_line(error: Exception) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
 
 
 def _plain(text: str) -> str:

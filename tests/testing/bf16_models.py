@@ -1,5 +1,5 @@
-"""What the bf16 tests share: the strategies they run (and the packages each needs), the tiny Qwen2 they run it on,
-and the torch optimizers a backend's updates land in."""
+"""What the bf16 tests share: the strategies they run (and the packages each needs) and the torch optimizers a
+backend's updates land in. Their model is `backend_steps.write_small_qwen`'s."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import importlib.util
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rl.core.algorithms import LossSettings
 from tests.testing import tolerances
@@ -15,15 +14,6 @@ from tests.testing import tolerances
 STRATEGIES = ["fsdp2", "fsdp", "deepspeed", "megatron"]
 NEEDS = {"deepspeed": "deepspeed", "megatron": "megatron.core"}
 SETTINGS = LossSettings(use_kl_loss=False)
-
-
-def write_model(path: str) -> str:
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=True)
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    return path
 
 
 def need(strategy: str) -> None:

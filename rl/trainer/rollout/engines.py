@@ -30,7 +30,7 @@ from rl.backends.lifeline import exit_with_parent
 from rl.core.generation import GenerationEngine, Rollout, SamplingParams, build_engine
 from rl.trainer.state.faults import crash_point, segment_delay
 from rl.trainer.workers.restarts import ENGINE, RestartBudget
-from rl.trainer.workers.waiting import ActorHung, wait_all
+from rl.trainer.workers.waiting import ActorHung, first_line, wait_all
 
 GENERATE = "generate"  # the engine actor's concurrency group for generation, with partial rollouts
 
@@ -270,7 +270,8 @@ class RemoteEngines(GenerationEngine):
             lost_calls = [share for share in self.in_flight if share.actor is lost]
             for share in lost_calls:
                 self._issue(share)
-        why = f"did not answer ({error})" if isinstance(error, ActorHung) else f"died ({_first_line(error)})"
+        why = (f"did not answer ({error})" if isinstance(error, ActorHung)
+               else f"died ({type(error).__name__}: {first_line(error)})")
         print(f"warning: {label} {why} at step {step}; replaced in {time.monotonic() - started:.1f} s by "
               f"{self.labels[index]}; {len(lost_calls)} call(s) issued again with their seeds "
               f"({self.budget.describe(ENGINE, step)})", flush=True)
@@ -302,9 +303,3 @@ class RemoteEngines(GenerationEngine):
     def reload(self) -> None:
         self.wait([a.reload.remote() for a in self.actors])
 
-
-def _first_line(error: Exception) -> str:
-    """The first line of Ray's message about a dead actor ("The actor died unexpectedly before finishing this
-    task."), with the exception's type."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__

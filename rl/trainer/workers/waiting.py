@@ -14,6 +14,13 @@ class ActorHung(Exception):
                          "(trainer.actor_call_timeout_s)")
 
 
+def first_line(error: Exception) -> str:
+    """The first line of an exception's message (Ray's about a dead actor: "The actor died unexpectedly before
+    finishing this task."); its type's name when it has none."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
 def wait_all(refs: Sequence[Any], names: Sequence[str], timeout_s: float | None) -> list[Any]:
     """`ray.get(refs)`, or ActorHung naming the actor of each ref still pending after `timeout_s` (None: no limit)."""
     import ray

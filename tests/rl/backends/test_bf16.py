@@ -29,8 +29,8 @@ from rl.backends.hf_model import attention_implementation, load_causal_lm
 from rl.backends.registry import build_backend
 from rl.core.algorithms import LossNormalizer, compute_policy_loss
 from tests.testing import loss_gaps, tolerances
-from tests.testing.backend_steps import small_batch
-from tests.testing.bf16_models import SETTINGS, STRATEGIES, available, need, roundoff, torch_optimizers, write_model
+from tests.testing.backend_steps import small_batch, write_small_qwen
+from tests.testing.bf16_models import SETTINGS, STRATEGIES, available, need, roundoff, torch_optimizers
 
 MATMULS = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2)}  # op -> its two operands' positions
 F32, BF16, F64 = torch.float32, torch.bfloat16, torch.float64
@@ -51,7 +51,7 @@ def info():
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    return write_model(str(tmp_path_factory.mktemp("model")))
+    return write_small_qwen(str(tmp_path_factory.mktemp("model")))
 
 
 class MatmulFlops(TorchDispatchMode):

@@ -16,7 +16,8 @@ from rl.backends.base import ModelSpec
 from rl.backends.registry import build_backend
 from rl.core.packing import pack_sequences
 from tests.testing import tolerances
-from tests.testing.bf16_models import SETTINGS, STRATEGIES, available, need, roundoff, torch_optimizers, write_model
+from tests.testing.backend_steps import write_small_qwen
+from tests.testing.bf16_models import SETTINGS, STRATEGIES, available, need, roundoff, torch_optimizers
 from tests.testing.rendezvous import join, rendezvous
 
 F32 = torch.float32
@@ -152,7 +153,7 @@ def _reduction_worker(rank: int, port: int, path: str, strategies: list[str], ou
 
 @pytest.fixture(scope="module")
 def reductions(tmp_path_factory):
-    path = write_model(str(tmp_path_factory.mktemp("model")))
+    path = write_small_qwen(str(tmp_path_factory.mktemp("model")))
     out = os.path.join(path, "reductions")
     with rendezvous(2) as port:
         mp.spawn(_reduction_worker, args=(port, path, available(), out), nprocs=2)

@@ -27,3 +27,4 @@ def test_no_recovery_with_the_default_zero():
     budget = RestartBudget(limit=0)
     assert not budget.take(ENGINE, 1) and not budget.take(WORKER, 1)
     assert budget.total(ENGINE) == budget.total(WORKER) == 0
+    assert budget.engines_replaced == 0, "what a run that replaced no engine logs as engines_replaced"
