@@ -6,6 +6,9 @@ per group of files (fast unit tests: each target pays the interpreter's, pytest'
 
 _SIZES = ["small", "medium", "large", "enormous"]
 
+# Bazel's default timeout of each size, in seconds
+_TIMEOUTS = [60, 300, 900, 3600]
+
 def py_pytest_test(name, srcs, deps = [], data = [], args = [], tags = [], size = "small", env = {}, **kwargs):
     """One Bazel test target running pytest on `srcs`.
 
@@ -39,9 +42,10 @@ def py_pytest_tests(
 
     Every target gets `deps`, `data` and `size`; `sizes`, `tags` and `extra_deps` map a target's name to its own
     size, its tags and the deps it needs beyond `deps`. `groups` maps a target's name to the files (names without
-    `.py`) it runs together in one pytest process instead of one target each: its size is the largest of its
-    files', its tags and extra deps theirs together. A target that differs in anything else (data, env, gpu tags) is
-    clearer as its own py_pytest_test, left out of `srcs`.
+    `.py`) it runs together in one pytest process instead of one target each: its size is the smallest whose timeout
+    covers its files' timeouts added up (they run one after another), at most one above its largest file's; its
+    tags and extra deps are theirs together. A target that differs in anything else (data, env, gpu tags) is clearer
+    as its own py_pytest_test, left out of `srcs`.
     """
     names = []
     for src in srcs:
@@ -76,11 +80,22 @@ def py_pytest_tests(
         )
     for group, members in groups.items():
         group_deps, group_tags = list(deps), []
-        group_size = _SIZES.index(sizes.get(group, size))
         for member in members + [group]:
             group_deps += [dep for dep in extra_deps.get(member, []) if dep not in group_deps]
             group_tags += [tag for tag in tags.get(member, []) if tag not in group_tags]
-            group_size = max(group_size, _SIZES.index(sizes.get(member, size)))
+
+        # the files run one after another: the group gets the time they would have had each, up to one size above
+        # its largest file's (a group of unit files stays short enough to name a hang)
+        member_sizes = [_SIZES.index(sizes.get(member, size)) for member in members]
+        group_seconds = 0
+        for index in member_sizes:
+            group_seconds += _TIMEOUTS[index]
+        group_size = min(max(member_sizes) + 1, len(_SIZES) - 1)
+        for index in range(len(_SIZES)):
+            if _TIMEOUTS[index] >= group_seconds:
+                group_size = min(group_size, index)
+                break
+        group_size = max(group_size, max(member_sizes), _SIZES.index(sizes.get(group, size)))
         py_pytest_test(
             name = group,
             srcs = [member + ".py" for member in members],
