@@ -32,6 +32,7 @@ class TrainingWorker:
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.policy = self.ref = self.critic = None
         self._hosted: dist.TCPStore | None = None  # the store of the group this rank is forming as its rank 0
+        self.kept: list | None = None  # rank 0's host copy of the weights last sent to the engines, when asked
 
     def where(self) -> str:
         """Host, Ray node and process of this rank, for the run's log and its error messages."""
@@ -116,11 +117,43 @@ class TrainingWorker:
         from rl.backends.weight_sync import bucket_bytes as size_of
 
         sent = buckets = 0
-        for bucket in self.policy.weight_buckets(bucket_bytes):
+        for bucket in self._sent(self.policy.weight_buckets(bucket_bytes)):
             if self.rank == 0 and bucket:
                 ray.get([engine.update_weights.remote(bucket) for engine in engines])
                 sent, buckets = sent + size_of(bucket), buckets + 1
         return {"sync_bytes": float(sent), "sync_buckets": float(buckets)}
+
+    def keep_sent_weights(self, bucket_bytes: int) -> None:
+        """From now on rank 0 keeps a host copy of the weights it last sent to the engines, starting with the ones
+        it holds now (collective): an engine that replaces a lost one while the policy trains ahead of the engines
+        (rollouts queued ahead) gets the version its calls were issued under (`push_sent_weights`)."""
+        self.kept = []
+        for _ in self._sent(self.policy.weight_buckets(bucket_bytes)):
+            pass
+
+    def _sent(self, buckets):
+        """The buckets as they go to the engines; when keeping them, rank 0 copies each to the host, and the copy
+        replaces the kept one once the last bucket went out."""
+        if self.kept is None or self.rank != 0:
+            yield from buckets
+            return
+        copy = []
+        for bucket in buckets:
+            if bucket:
+                copy.append([(name, tensor.detach().to("cpu", copy=True)) for name, tensor in bucket])
+            yield bucket
+        self.kept = copy
+
+    def push_sent_weights(self, engines: list, bucket_bytes: int) -> dict[str, float]:
+        """The weights last sent to the engines (kept: `keep_sent_weights`), else the ones this policy holds, to
+        `engines` through Ray's object store (collective where nothing is kept)."""
+        import ray
+
+        if self.kept is None:
+            return self.push_weights(engines, bucket_bytes)
+        for bucket in self.kept if self.rank == 0 else []:
+            ray.get([engine.update_weights.remote(bucket) for engine in engines])
+        return {"sync_bytes": 0.0, "sync_buckets": 0.0}
 
     def device_key(self) -> str:
         """Where this worker's policy weights live (`shared_weights.device_key`; in an emulated run its slot, which
@@ -152,7 +185,7 @@ class TrainingWorker:
         from rl.core.generation.shared_weights import shared
 
         sent = buckets = 0
-        for bucket in self.policy.weight_buckets(bucket_bytes):
+        for bucket in self._sent(self.policy.weight_buckets(bucket_bytes)):
             if self.rank != 0 or not bucket:
                 continue
             with shared(bucket, self.policy.dist.device, self.device_key()) as (handles, entries, size):
@@ -177,7 +210,7 @@ class TrainingWorker:
         feeds = any(self.rank in ranks for ranks in feeders)
         leads = [index for index, ranks in enumerate(feeders) if ranks[0] == self.rank]
         sent = buckets = 0
-        for bucket in self.policy.device_buckets(bucket_bytes):
+        for bucket in self._sent(self.policy.device_buckets(bucket_bytes)):
             sharing = (shared(bucket, self.policy.dist.device, self.device_key()) if feeds
                        else contextlib.nullcontext((None, *layout(bucket))))
             with sharing as (handles, entries, size):
@@ -205,7 +238,7 @@ class TrainingWorker:
         from rl.backends.weight_stream import send_bucket, send_end
 
         sent = buckets = 0
-        for bucket in self.policy.weight_buckets(bucket_bytes):
+        for bucket in self._sent(self.policy.weight_buckets(bucket_bytes)):
             if self.rank == 0 and bucket:
                 sent, buckets = sent + send_bucket(self.weight_group, self.weight_backend, bucket), buckets + 1
         if self.rank == 0:

@@ -4,22 +4,24 @@ evenly between them, and the weights sent to them by the training workers in buc
 by handle from the ranks on their devices, or from rank 0), never through the driver. Calls can be started and
 collected later (`submit`/`collect`), which is how generation overlaps training (`rl.trainer.rollout.rollout_queue`).
 
-With partial rollouts (`trainer.fully_async.partial_rollout_tokens` > 0) an engine actor generates in segments
-(`rl.core.generation.segments`) on a thread of its own, and takes weight updates on another: an update waits for
-the segment in progress, and the next segment waits for the update, so new weights land mid-call.
+With partial rollouts (`trainer.fully_async.partial_rollout_tokens` > 0) a call runs in segments
+(`rl.core.generation.segments`) on a driver thread of its own, each segment an ordinary call to the engines: an
+update waits for the segment in progress (an actor runs its calls in order), and the next segment waits for the
+update (`gate`), so new weights land mid-call; and an engine lost mid-call costs only the segment in progress.
 
-An engine that dies or stops answering during a generation call is replaced on its own (`trainer.max_restarts`
-engine replacements): a new actor in the same placement bundle, brought to the policy version the others hold by a
-push from training rank 0 (`bring_up`, set by the weight sync), and every call in flight on the lost engine issued
-again to it with the same prompts and seeds. Rollouts depend only on the seed, the weights and the prompts, so the
-step's rollouts are the ones the lost engine would have returned when the pushed weights are the version it held:
-always in a synchronous run, where nothing trains while the engines generate."""
+An engine that dies or stops answering during a generation call, or while a weight update waits for its calls, is
+replaced on its own (`trainer.max_restarts` engine replacements): a new actor in the same placement bundle, brought
+to the policy version the others hold by a push from training rank 0 (`bring_up`, set by the weight sync: the
+weights rank 0 last sent, kept on its host where the policy may train ahead of the engines), and every call in
+flight on the lost engine issued again to it with the same prompts and seeds. Rollouts depend only on the seed, the
+weights and the prompts, so the step's rollouts are the ones the lost engine would have returned."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,24 +30,21 @@ import torch
 from rl.backends.cores import pin_to_assigned_cores
 from rl.backends.lifeline import exit_with_parent
 from rl.core.generation import GenerationEngine, Rollout, SamplingParams, build_engine
+from rl.core.generation.segments import generate_in_segments
 from rl.trainer.state.faults import crash_point, segment_delay
 from rl.trainer.workers.restarts import ENGINE, RestartBudget
-from rl.trainer.workers.waiting import ActorHung, first_line, wait_all
-
-GENERATE = "generate"  # the engine actor's concurrency group for generation, with partial rollouts
+from rl.trainer.workers.waiting import ActorHung, first_line, in_daemon_thread, wait_all
 
 
 class EngineActor:
     """One engine of `GENERATION_ENGINES`, built in the actor. It counts the weight updates it has received (the
     policy version its rollouts come from) and refuses to generate in the middle of one."""
 
-    def __init__(self, name: str, model_path: str, kwargs: dict[str, Any], segment_tokens: int = 0):
+    def __init__(self, name: str, model_path: str, kwargs: dict[str, Any]):
         exit_with_parent()
         self.cores = pin_to_assigned_cores()
         self.engine = build_engine(name, model_path, model_path, **kwargs)
-        self.version, self.updating, self.generating, self.update_waiting = 0, False, False, False
-        self.segment_tokens, self.segments_run = segment_tokens, 0
-        self.turn = threading.Condition()  # orders segments and updates when they arrive on two threads
+        self.version, self.updating, self.calls = 0, False, 0
 
     def where(self) -> str:
         import os
@@ -59,51 +58,28 @@ class EngineActor:
 
     def generate_versioned(self, prompts: list[list[int]], params: SamplingParams, images: list | None = None
                            ) -> tuple[int, list[Rollout]]:
-        """(the oldest policy version of the weights used, the rollouts); `images`: each prompt's (`ImageInputs` or
-        None), for a vision-language model."""
+        """(the policy version of the weights used, the rollouts); `images`: each prompt's (`ImageInputs` or None),
+        for a vision-language model."""
         crash_point("engine_generate", self.version)
-        if not self.segment_tokens:
-            if self.updating:
-                raise RuntimeError("generate called in the middle of a weight update (the driver must order them)")
-            return self.version, self.engine.generate(prompts, params, **({"images": images} if images else {}))
-        if images:
-            raise ValueError("partial rollouts continue prompts segment by segment, which does not carry images yet")
-        from rl.core.generation.segments import generate_in_segments
+        if self.updating:
+            raise RuntimeError("generate called in the middle of a weight update (the driver must order them)")
+        self.calls += 1
+        return self.version, self.engine.generate(prompts, params, **({"images": images} if images else {}))
 
-        decode = lambda ids: self.engine.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-        return generate_in_segments(self._segment, prompts, params, self.segment_tokens, decode)
-
-    def _segment(self, prompts: list[list[int]], params: SamplingParams) -> tuple[int, list[Rollout]]:
-        """One segment, once no update is in progress; updates wait for it to end."""
-        with self.turn:
-            self.turn.wait_for(lambda: not (self.updating or self.update_waiting))
-            self.generating, version = True, self.version
-        try:
-            return version, self.engine.generate(prompts, params)
-        finally:
-            with self.turn:
-                self.generating, self.segments_run = False, self.segments_run + 1
-                self.turn.notify_all()
-            segment_delay()  # between segments, where an update may land
-
-    def segments_done(self) -> int:
-        """How many segments this engine has generated (partial rollouts)."""
-        return self.segments_run
+    def calls_served(self) -> int:
+        """How many generation calls this engine has run."""
+        return self.calls
 
     def begin_update(self) -> None:
-        """From the segment in progress (if any) to `finish_update`, no segment starts."""
-        with self.turn:
-            self.update_waiting = True  # the next segment waits, so an update is never starved by a long call
-            self.turn.wait_for(lambda: not self.generating)
-            self.updating, self.update_waiting = True, False
+        """Runs after the calls submitted before it (an actor runs its calls in order); no call may run until
+        `finish_update`."""
+        self.updating = True
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         self.engine.update_weights(named_tensors)
 
     def finish_update(self, version: int) -> None:
-        with self.turn:
-            self.version, self.updating = version, False
-            self.turn.notify_all()
+        self.version, self.updating = version, False
 
     def device_keys(self) -> list[str]:
         """The device of each of the engine's workers, in worker-rank order (`shared_weights.device_key`)."""
@@ -157,12 +133,19 @@ class RemoteEngines(GenerationEngine):
     def __init__(self, name: str, model_path: str, count: int, kwargs: dict[str, Any],
                  options: Callable[[int], dict[str, Any]], segment_tokens: int = 0):
         """`options(i)`: the Ray actor options that place engine i (`rl.trainer.workers.placement`); `segment_tokens` >
-        0: partial rollouts, generation on a thread of its own (the actor's `generate` concurrency group)."""
+        0: partial rollouts, each call in segments of that many tokens on a driver thread of its own."""
         import ray
 
-        self.segmented = segment_tokens > 0
-        actor = ray.remote(concurrency_groups={GENERATE: 1})(EngineActor) if self.segmented else ray.remote(EngineActor)
-        self._start = lambda i: actor.options(**options(i)).remote(name, model_path, kwargs, segment_tokens)
+        self.segment_tokens, self.segments_collected = segment_tokens, 0
+        self.line, self.tickets, self.serving = threading.Condition(), 0, 0  # segmented calls in submission order
+        self.decode: Callable[[Any], str] | None = None  # response ids to text, for segments (the tokenizer's)
+        if segment_tokens:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model_path)
+            self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+        actor = ray.remote(EngineActor)
+        self._start = lambda i: actor.options(**options(i)).remote(name, model_path, kwargs)
         self.actors = [self._start(i) for i in range(count)]
         self.places = ray.get([a.where.remote() for a in self.actors])
         self.device = ", ".join(f"engine {i}: {place}" for i, place in enumerate(self.places))
@@ -198,10 +181,41 @@ class RemoteEngines(GenerationEngine):
                  ) -> list[Rollout]:
         return self.collect(self.submit(prompts, params, images))[1]
 
-    def submit(self, prompts: list[list[int]], params: SamplingParams, images: list | None = None) -> list[Share]:
-        """Starts a call without waiting: the prompts (and their images, each prompt's once) split into contiguous
-        shares, one per engine, each seeded of its own (or every engine would draw the same random numbers for its
-        prompts)."""
+    def submit(self, prompts: list[list[int]], params: SamplingParams, images: list | None = None
+               ) -> list[Share] | Future:
+        """Starts a call without waiting (with partial rollouts, its segments one after another on a thread of
+        their own)."""
+        if not self.segment_tokens:
+            return self._submit_shares(prompts, params, images)
+        if images:
+            raise ValueError("partial rollouts continue prompts segment by segment, which does not carry images yet")
+        with self.line:
+            ticket, self.tickets = self.tickets, self.tickets + 1
+        return in_daemon_thread(lambda: self._in_turn(ticket, prompts, params), "segments")
+
+    def _in_turn(self, ticket: int, prompts: list[list[int]], params: SamplingParams) -> tuple[int, list[Rollout]]:
+        """A segmented call, once the calls submitted before it are done (calls run one after another, as whole
+        calls do on an engine)."""
+        with self.line:
+            self.line.wait_for(lambda: self.serving == ticket)
+        try:
+            return generate_in_segments(self._segment, prompts, params, self.segment_tokens, self.decode)
+        finally:
+            with self.line:
+                self.serving += 1
+                self.line.notify_all()
+
+    def _segment(self, prompts: list[list[int]], params: SamplingParams) -> tuple[int, list[Rollout]]:
+        """One segment of a call: (the policy version it ran on, its rollouts)."""
+        versions, rollouts = self._collect_shares(self._submit_shares(prompts, params))
+        self.segments_collected += 1
+        segment_delay()  # between segments, where an update may land
+        return min(versions), rollouts
+
+    def _submit_shares(self, prompts: list[list[int]], params: SamplingParams, images: list | None = None
+                       ) -> list[Share]:
+        """The prompts (and their images, each prompt's once) split into contiguous shares, one per engine, each
+        seeded of its own (or every engine would draw the same random numbers for its prompts)."""
         size = -(-len(prompts) // len(self.actors))
         shares = [Share(start, engine, prompts[start:start + size], params.for_part(start) if start else params,
                         images[start:start + size] if images else None)
@@ -216,13 +230,17 @@ class RemoteEngines(GenerationEngine):
 
     def _issue(self, share: Share) -> None:
         share.actor = self.actors[share.engine]
-        method = share.actor.generate_versioned
-        method = method.options(concurrency_group=GENERATE) if self.segmented else method
-        share.ref = method.remote(share.prompts, share.params, share.images)
+        share.ref = share.actor.generate_versioned.remote(share.prompts, share.params, share.images)
 
-    def collect(self, pending: list[Share]) -> tuple[list[int], list[Rollout]]:
-        """Waits for a submitted call: (each share's policy version, the rollouts in prompt-major order with the
-        prompt indices of the whole call)."""
+    def collect(self, pending: list[Share] | Future) -> tuple[list[int], list[Rollout]]:
+        """Waits for a submitted call: (the policy version of each of its parts, the rollouts in prompt-major order
+        with the prompt indices of the whole call)."""
+        if isinstance(pending, Future):
+            oldest, rollouts = pending.result()
+            return [oldest], rollouts
+        return self._collect_shares(pending)
+
+    def _collect_shares(self, pending: list[Share]) -> tuple[list[int], list[Rollout]]:
         versions, rollouts = [], []
         try:
             for share in pending:
@@ -277,12 +295,24 @@ class RemoteEngines(GenerationEngine):
               f"({self.budget.describe(ENGINE, step)})", flush=True)
 
     def begin_update(self) -> None:
-        """Waits for the calls already submitted to finish (with partial rollouts: for their segments in
-        progress), then marks every engine as being updated; calls submitted from now wait for `finish_update`."""
+        """Waits for the calls already submitted to finish (with partial rollouts: their segments in progress),
+        then marks every engine as being updated; calls submitted from now wait for `finish_update`. An
+        engine lost in the wait is replaced (its calls issued again) and waited for in turn."""
+        from ray.exceptions import RayActorError
+
         with self.gate:
             self.pushing = True
-            refs = [a.begin_update.remote() for a in self.actors]
-        self.wait(refs)
+            actors = list(self.actors)
+            refs = [a.begin_update.remote() for a in actors]
+        for index, (actor, ref) in enumerate(zip(actors, refs, strict=True)):
+            while True:
+                try:
+                    wait_all([ref], [self.labels[index]], self.timeout_s)
+                    break
+                except (RayActorError, ActorHung) as error:
+                    self.replace(index, actor, error)
+                    actor = self.actors[index]
+                    ref = actor.begin_update.remote()
 
     def finish_update(self, version: int) -> None:
         try:

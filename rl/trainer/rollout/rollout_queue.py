@@ -20,7 +20,6 @@ drawn again after a resume.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl.core.data import PromptBatch
+from rl.trainer.workers.waiting import in_daemon_thread
 
 
 @dataclass
@@ -87,20 +87,6 @@ class EpisodeJobs:
 
     def close(self) -> None:
         pass  # a batch in flight ends with the run's episodes (`Trainer.close`); its thread does not hold the exit
-
-
-def in_daemon_thread(work: Callable[[], Any], name: str) -> Future:
-    """`work()` on a daemon thread of its own; its result or exception in the future."""
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(work())
-        except BaseException as error:  # the future carries it to whoever collects the batch
-            future.set_exception(error)
-
-    threading.Thread(target=run, daemon=True, name=name).start()
-    return future
 
 
 class RolloutQueue:

@@ -15,8 +15,10 @@
 
 The driver sees only counts in the first three. `sync(version)` names the policy version the weights are (the number
 of optimizer updates behind them); it returns `sync_bytes` and `sync_buckets` for the step's metrics (the loop times
-it as `sync_time_s`). `bring_up(actor)` gives an engine actor that replaced a lost one the weights rank 0 holds,
-through Ray's object store whatever the transport (a weight group is formed again at the next sync).
+it as `sync_time_s`). `bring_up(actor)` gives an engine actor that replaced a lost one the weights the engines hold,
+through Ray's object store whatever the transport (a weight group is formed again at the next sync): the ones rank 0
+holds, or, where the policy may train ahead of the engines (rollouts queued ahead, `max_staleness_steps` > 0), a
+host copy rank 0 keeps of the weights it last sent (`keeps_sent_weights`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class PushSync:
         engines.bring_up = self.bring_up
 
     def bring_up(self, actor) -> None:
-        self.group.call("push_weights", [actor], self.bucket_bytes)
+        self.group.call("push_sent_weights", [actor], self.bucket_bytes)
 
     def sync(self, version: int) -> dict[str, float]:
         """Waits for the engines' submitted calls, then sends; their later rollouts carry `version`."""
@@ -128,6 +130,13 @@ def find_feeds(group: WorkerGroup, engines: RemoteEngines) -> tuple[FeedPlan | N
     return feeds, ""
 
 
+def keeps_sent_weights(cfg) -> bool:
+    """Whether an engine may be replaced while the policy has trained past the weights the engines hold: engines
+    are replaced (`trainer.max_restarts`) and rollouts are generated ahead of training."""
+    asynchronous = cfg.trainer.fully_async
+    return cfg.trainer.max_restarts > 0 and asynchronous.enabled and asynchronous.max_staleness_steps > 0
+
+
 def make_weight_sync(cfg, group: WorkerGroup, engine):
     import torch
 
@@ -142,6 +151,11 @@ def make_weight_sync(cfg, group: WorkerGroup, engine):
         raise RuntimeError(f"generator.weight_sync_backend=ipc: {why} ({engine.device}); set "
                            "generator.weight_sync_backend=ray (or null to choose it)")
     print(f"weight sync: {kind}, buckets of {bucket_mb} MiB", flush=True)
+    if keeps_sent_weights(cfg):
+        group.call("keep_sent_weights", bucket_mb << 20)
+        print("weight sync: rank 0 keeps a host copy of the weights the engines hold, for an engine that replaces a "
+              "lost one while training runs ahead of them (trainer.max_restarts with max_staleness_steps > 0)",
+              flush=True)
     if kind == "ipc":
         print(f"weight feeds by handle: {feeds.describe()}", flush=True)
         return SharedSync(group, engine, bucket_mb, feeds)

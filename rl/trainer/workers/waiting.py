@@ -1,9 +1,12 @@
 """Waiting on calls to the run's actors with a limit (`trainer.actor_call_timeout_s`): a call that has not answered
-in time ends the run naming the actors that did not answer, instead of a run that hangs."""
+in time ends the run naming the actors that did not answer, instead of a run that hangs; and work on a daemon thread
+of its own, waited on later (`in_daemon_thread`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 
@@ -31,3 +34,17 @@ def wait_all(refs: Sequence[Any], names: Sequence[str], timeout_s: float | None)
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
         raise ActorHung([name for ref, name in zip(refs, names, strict=True) if ref not in ready],
                         timeout_s) from None
+
+
+def in_daemon_thread(work: Callable[[], Any], name: str) -> Future:
+    """`work()` on a daemon thread of its own; its result or exception in the future."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work())
+        except BaseException as error:  # the future carries it to whoever waits on it
+            future.set_exception(error)
+
+    threading.Thread(target=run, daemon=True, name=name).start()
+    return future

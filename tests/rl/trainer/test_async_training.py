@@ -3,7 +3,8 @@
 Oracles: the synchronous run on the same placement (`trainer.fully_async` with max_staleness_steps=0 must give the
 same metrics at every step; both runs play multi-turn episodes, which the queue plays in a thread of its own), the
 staleness bound itself (each step's `policy_lag`, the version the engines reported for its
-rollouts, never exceeds it, and reaches it once the queue is full), and learning: the embedded default trained
+rollouts, never exceeds it, and reaches it once the queue is full), the uninterrupted run for one whose engine is
+lost while training runs ahead of it (every step's numbers to the bit), and learning: the embedded default trained
 asynchronously still reaches 0.7 validation accuracy at step 40."""
 
 import itertools
@@ -98,15 +99,22 @@ def _positions_after_each_batch(job, steps: int) -> list[tuple[int, int]]:
     return [(batch.next_position.epoch, batch.next_position.index) for batch in itertools.islice(batches, steps)]
 
 
-def test_rollouts_never_lag_more_than_the_bound(job, tmp_path):
+@pytest.fixture(scope="module")
+def bound_two(job, tmp_path_factory) -> tuple[list[dict], str]:
+    """A run with rollouts up to 2 steps behind (`_nemo_asynchronous(2)`), a checkpoint at every step: its rows and
+    run directory."""
+    run_dir = str(tmp_path_factory.mktemp("async2"))
+    return _run(job, run_dir, [*_nemo_asynchronous(2), "trainer.ckpt_interval=1"])[0], run_dir
+
+
+def test_rollouts_never_lag_more_than_the_bound(job, bound_two):
     """Bound 2 (bound 1 is the embedded default's run below), set with NeMo RL's keys (`grpo.async_grpo.*`); the
     resumed run sets it with ours, with partial rollouts (segments of 2 tokens, a weight push landing between them:
     the bound holds for every token, and the responses split between two versions are counted).
     Also: a checkpoint saves the data position after the last trained batch, not after the queued ones, and a run
     resumed from one regenerates the queue from the restored weights."""
+    rows, run_dir = bound_two
     bound = 2
-    run_dir = str(tmp_path / f"async{bound}")
-    rows, _ = _run(job, run_dir, [*_nemo_asynchronous(bound), "trainer.ckpt_interval=1"])
     assert [row["policy_lag"] for row in rows] == [min(bound, step - 1) for step in range(1, STEPS + 1)]
     assert all(row["stale_dropped"] == 0 for row in rows)
     assert all(row["queued_batches"] <= bound for row in rows)
@@ -134,6 +142,24 @@ def test_rollouts_never_lag_more_than_the_bound(job, tmp_path):
     split = fourth["partial_responses"] * responses
     assert split == int(split) and 1 <= split <= responses, fourth
     assert 0 < fourth["token_lag_mean"] < 1, fourth
+
+
+def test_engine_lost_with_rollouts_queued_ahead(job, bound_two, tmp_path):
+    """Bound 2: batches 1-3 go to the engine at once, under version 0. The engine is SIGKILLed as it starts batch 2,
+    while step 1 trains; the loss is found by step 1's weight push, which waits for the engine's calls. By then rank 0
+    holds version 1, so the replacement must get the copy of version 0 rank 0 kept, and batches 2 and 3 issued again
+    under it: every step's numbers as in the uninterrupted run of the test above, to the bit."""
+    expected, _ = bound_two
+    rows, stdout = _run(job, str(tmp_path / "killed"),
+                        [*_nemo_asynchronous(2), "trainer.ckpt_interval=1", "trainer.max_restarts=1"],
+                        env_extra={"RL_KILL_AT": "engine_generate:0:2", "RL_KILL_ONCE": str(tmp_path / "killed.mark")})
+    assert "rank 0 keeps a host copy of the weights the engines hold" in stdout
+    assert re.search(r"^warning: generation engine 0 \(.*\) died \(ActorDiedError: .*\) at step 1; replaced in .* "
+                     r"2 call\(s\) issued again with their seeds", stdout, re.M), stdout[-3000:]
+    assert [row["engines_replaced"] for row in rows] == [1, 1, 1, 1] and rows[-1]["restarts"] == 0
+    for row, want in zip(rows, expected, strict=True):
+        assert row["policy_lag"] == want["policy_lag"]
+        assert {key: row[key] for key in COMPARED} == {key: want[key] for key in COMPARED}, row["step"]
 
 
 def test_embedded_default_learns_asynchronously(tmp_path):

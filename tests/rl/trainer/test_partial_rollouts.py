@@ -5,7 +5,8 @@ weights from the tokens already sampled.
 Oracle: transformers' teacher-forced forward of each whole response under the weights of each version. Every token
 before the push carries version 0 and every later one version 1; each token's reported logprob is the one its own
 version's weights give (and, for the tokens after the push, not the old weights'), so the off-policy correction
-weighs every token against the policy that actually sampled it. The segments' pure logic (budgets, stop strings
+weighs every token against the policy that actually sampled it. An engine lost mid-call: the same call run
+uninterrupted, and the replacement runs only the segments from the lost one on. The segments' pure logic (budgets, stop strings
 across a boundary, seeds) is checked on a scripted engine."""
 
 import time
@@ -53,7 +54,6 @@ def _teacher_forced(model, rollout: Rollout) -> tuple[torch.Tensor, float]:
 
 
 def test_a_push_mid_call_splits_responses_between_two_versions(job, engines):
-    import ray
 
     tokenizer = AutoTokenizer.from_pretrained(job.model_path)
     prompts = [tokenizer.encode("12+34="), tokenizer.encode("7+8=")]
@@ -63,10 +63,9 @@ def test_a_push_mid_call_splits_responses_between_two_versions(job, engines):
         generator = torch.Generator().manual_seed(3)
         for param in new.parameters():
             param.add_(0.5 * param.std() * torch.randn(param.shape, generator=generator))
-    actor = engines.actors[0]
     pending = engines.submit(prompts, PARAMS)
     deadline = time.monotonic() + 60
-    while ray.get(actor.segments_done.remote()) < 1:  # the push lands once the call has begun
+    while engines.segments_collected < 1:  # the push lands once the call has begun
         assert time.monotonic() < deadline, "the call never started"
         time.sleep(0.002)
     engines.begin_update()
@@ -91,6 +90,34 @@ def test_a_push_mid_call_splits_responses_between_two_versions(job, engines):
     metrics = partial_rollout_metrics(rollouts, step=2)
     assert metrics["partial_responses"] == len(split) / 4
     assert 0 < metrics["token_lag_mean"] < 1
+
+
+def test_an_engine_lost_mid_call_costs_only_its_segment_in_progress(job, tmp_path, capsys):
+    """The engine is SIGKILLed as it starts a call's third segment; the replacement gets the same weights and runs
+    that segment again with its seed, and the call goes on from there: the responses are those of the same call run
+    uninterrupted (on the replacement, afterwards), and the replacement ran only the segments from the third on."""
+    import ray
+
+    from rl.trainer.rollout.engines import RemoteEngines
+    from rl.trainer.workers.restarts import RestartBudget
+
+    kill = {"RL_KILL_AT": "engine_generate:0:3", "RL_KILL_ONCE": str(tmp_path / "killed")}
+    lossy = RemoteEngines("hf", job.model_path, 1, {"device": "cpu"},
+                          lambda i: {"num_cpus": 0, "runtime_env": {"env_vars": kill}}, SEGMENT)
+    state = list(AutoModelForCausalLM.from_pretrained(job.model_path, dtype=torch.float32).state_dict().items())
+    lossy.budget = RestartBudget(1)
+    lossy.bring_up = lambda actor: ray.get(actor.update_weights.remote(state))
+    prompts = [AutoTokenizer.from_pretrained(job.model_path).encode("12+34=")]
+    first = lossy.collect(lossy.submit(prompts, PARAMS))
+    assert "1 call(s) issued again with their seeds" in capsys.readouterr().out
+    segments, served = lossy.segments_collected, ray.get(lossy.actors[0].calls_served.remote())
+    assert lossy.budget.engines_replaced == 1 and segments >= 4, segments
+    assert served == segments - 2, "segments 1 and 2 came from the lost engine and were not run again"
+    again = lossy.collect(lossy.submit(prompts, PARAMS))
+    assert lossy.segments_collected == 2 * segments
+    assert first[0] == again[0] == [0]
+    for lost, whole in zip(first[1], again[1], strict=True):
+        assert (lost.response_ids, lost.raw_logprobs) == (whole.response_ids, whole.raw_logprobs)
 
 
 def test_calls_from_another_thread_never_land_inside_a_push(job):
