@@ -6,8 +6,8 @@ Oracle: transformers' teacher-forced forward of each whole response under the we
 before the push carries version 0 and every later one version 1; each token's reported logprob is the one its own
 version's weights give (and, for the tokens after the push, not the old weights'), so the off-policy correction
 weighs every token against the policy that actually sampled it. An engine lost mid-call: the same call run
-uninterrupted, and the replacement runs only the segments from the lost one on. The segments' pure logic (budgets, stop strings
-across a boundary, seeds) is checked on a scripted engine."""
+uninterrupted, and the replacement runs only the segments from the lost one on. The segments' pure logic (budgets,
+stop strings across a boundary, seeds) is checked on a scripted engine."""
 
 import time
 
