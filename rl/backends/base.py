@@ -63,6 +63,7 @@ class ModelSpec:
     sequence_parallel_size: int = 1  # trainer.policy.sequence_parallel_size: Ulysses over groups of this many ranks
     bf16: bool | None = None  # trainer.bf16: bf16 compute, fp32 master weights (`precision.bf16_compute`)
     flash_attn: bool | None = None  # trainer.flash_attn (`hf_model.attention_implementation`)
+    exact: bool = False  # trainer.exact_on_policy (policy only): batch-invariant arithmetic (`rl.core.batch_invariant`)
 
 
 class TrainingBackend(abc.ABC):
@@ -103,7 +104,18 @@ class TrainingBackend(abc.ABC):
             from rl.backends.multimodal import vision_tower
 
             vision_tower(model).requires_grad_(False)
+        if self.spec.exact:
+            from rl.core.batch_invariant import make_batch_invariant
+
+            make_batch_invariant(model)
         return model
+
+    @property
+    def logprob_kernels(self) -> str:
+        """What computes the token logprobs from the logits: trainer.kernels, or the batch-invariant log-softmax."""
+        from rl.core import batch_invariant
+
+        return batch_invariant.NAME if self.spec.exact else self.spec.kernels
 
     # --- what a strategy implements -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -253,7 +265,7 @@ class TrainingBackend(abc.ABC):
                                                 spec.fused_chunk_size)
         else:
             logprobs, entropy = batch_logprobs(self.forward_module(), batch, spec.temperature, with_entropy,
-                                               spec.kernels, self.sp)
+                                               self.logprob_kernels, self.sp)
         return logprobs.cpu(), (entropy.cpu() if entropy is not None else None)
 
     def backward(self, loss: Tensor, last_micro_batch: bool) -> None:
@@ -269,7 +281,8 @@ class TrainingBackend(abc.ABC):
         self.forward_module().train()
         spec = self.spec
         if isinstance(settings, SupervisedLossSettings):  # SFT / DPO (`sft_loss`, `dpo_loss`): from token logprobs
-            logprobs, _ = batch_logprobs(self.forward_module(), batch, spec.temperature, False, spec.kernels, self.sp)
+            logprobs, _ = batch_logprobs(self.forward_module(), batch, spec.temperature, False, self.logprob_kernels,
+                                         self.sp)
             loss, metrics = settings.compute(logprobs, batch, normalizer)
         elif self.is_critic:
             values = batch_values(self.forward_module(), batch, self.sp)
@@ -281,7 +294,7 @@ class TrainingBackend(abc.ABC):
                                                spec.kernels, spec.fused_chunk_size, self.defer_tied_head_grad)
         else:
             logprobs, entropy = batch_logprobs(self.forward_module(), batch, spec.temperature,
-                                               settings.use_entropy_loss, spec.kernels, self.sp)
+                                               settings.use_entropy_loss, self.logprob_kernels, self.sp)
             loss, metrics = compute_policy_loss(
                 settings, logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, normalizer,
                 ref_logprobs=batch.ref_logprobs, entropy=entropy, seq_ids=batch.token_seq_ids(),

@@ -25,6 +25,7 @@ from rl.backends.multimodal import multimodal_kwargs, takes_images
 from rl.backends.tied_grad import shared_tied_grad
 from rl.backends.ulysses import SequenceParallel, sum_over_group
 from rl.backends.varlen_attention import packing_kwargs
+from rl.core import batch_invariant
 from rl.core.packing import PackedBatch
 
 
@@ -145,14 +146,19 @@ def batch_logprobs(model: nn.Module, batch: PackedBatch, temperature: float, wit
                    kernels: str = "auto", sp: SequenceParallel | None = None) -> tuple[Tensor, Tensor | None]:
     """(logprobs [N], entropy [N] or None), both aligned with the target token like the batch's loss_mask and
     computed where the loss mask is set (0 elsewhere, in padded batches on some more positions).
-    `kernels` is trainer.kernels: which implementation of the token-logprob op runs (see rl.kernels.ops).
+    `kernels` is trainer.kernels: which implementation of the token-logprob op runs (see rl.kernels.ops), or
+    `batch_invariant` (`rl.core.batch_invariant`, trainer.exact_on_policy).
     With sequence parallelism every rank of the group gets the whole micro-batch's values."""
     if batch.num_tokens == 0:
         empty = batch.input_ids.new_zeros(0, dtype=next(model.parameters()).dtype)
         return empty.float(), (empty.float() if with_entropy else None)
     scored = scored_logits(model, batch, sp)
-    logprobs, entropy = token_logprobs_and_entropy(scored.logits, batch.input_ids[scored.targets_at], temperature,
-                                                   kernels, with_entropy)
+    targets = batch.input_ids[scored.targets_at]
+    if kernels == batch_invariant.NAME:  # the engine's log-softmax, bit for bit; the entropy needs no such order
+        logprobs = batch_invariant.token_logprobs(scored.logits, targets, temperature)
+        entropy = token_logprobs_and_entropy(scored.logits, targets, temperature)[1] if with_entropy else None
+    else:
+        logprobs, entropy = token_logprobs_and_entropy(scored.logits, targets, temperature, kernels, with_entropy)
     return (_spread(logprobs, scored.targets_at, batch, sp),
             _spread(entropy, scored.targets_at, batch, sp) if with_entropy else None)
 

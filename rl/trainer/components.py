@@ -61,9 +61,10 @@ def make_engine(cfg, model_path: str, tokenizer, placement: Placement):
     engine sits in a bundle of its own."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = cfg.generator
+    exact = {"exact": True} if cfg.trainer.exact_on_policy else {}  # the trainer's arithmetic (checks_exact: hf only)
     if gen.backend == "hf" and not placement.plan.engines:
-        return build_engine("hf", model_path, tokenizer, device=device)
-    kwargs = dict(device=device)
+        return build_engine("hf", model_path, tokenizer, device=device, **exact)
+    kwargs = dict(device=device, **exact)
     if gen.backend == "vllm":
         print("vllm engines' KV cache: " + (
             f"{gen.kv_cache_memory_bytes / (1 << 20):.1f} MiB each (generator.kv_cache_memory_bytes; vLLM does not "

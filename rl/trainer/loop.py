@@ -4,6 +4,7 @@ generation engine, with validation, checkpoints and Hugging Face exports at thei
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -64,7 +65,8 @@ class Trainer:
         self.prompts = PromptEncoder(self.tokenizer, cfg.generator.max_prompt_length, cfg.data.truncation,
                                      processor=components.image_processor(self.model_path))
         self.episodes = Episodes.from_config(cfg, self.tokenizer, self.model_path)
-        self.settings = LossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
+        self.settings = dataclasses.replace(LossSettings.from_config(cfg.trainer.algorithm, cfg.generator),
+                                            measure_logprob_gap=cfg.trainer.exact_on_policy)
         self.value_settings = (ValueLossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
                                if cfg.trainer.algorithm.advantage_estimator == "gae" else None)
         self.kl_in_reward = KLInReward(cfg.trainer.algorithm) if cfg.trainer.algorithm.use_kl_in_reward else None
@@ -101,6 +103,8 @@ class Trainer:
         self.on_policy = self.kl_in_reward is None and skips_old_logprob_pass(
             cfg, is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size,
                               cfg.trainer.update_epochs_per_batch))
+        # exact on-policy: the engine's logprobs are the trainer's, so they are the old ones and no pass computes them
+        self.exact = cfg.trainer.exact_on_policy
         self.ckpt_root = checkpoint.root_of(cfg, run_dir)
         self.metrics = MetricsLogger(run_dir, list(cfg.trainer.logger), cfg.trainer.project_name,
                                      cfg.trainer.run_name, config_to_dict(cfg))
@@ -259,7 +263,9 @@ class Trainer:
                       if algo.zero_variance_filter else {})
         scored = time.perf_counter()
         compute_logprobs(self.group, self.forward_batching, experience, has_ref=needs_reference(cfg),
-                         ref=self.ref_pass, on_policy=self.on_policy, critic=self.critic_pass)
+                         ref=self.ref_pass, on_policy=self.on_policy or self.exact, critic=self.critic_pass)
+        if self.exact:
+            anchor_on_rollout(experience)
         forwarded = time.perf_counter()
         token_rewards, row = (self.kl_in_reward.token_rewards(experience) if self.kl_in_reward is not None
                               else (None, {}))

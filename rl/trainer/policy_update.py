@@ -4,6 +4,7 @@ on the workers for the policy and the critic."""
 from __future__ import annotations
 
 from rl.core.algorithms import LossNormalizer, LossSettings
+from rl.core.algorithms.loss import LOGPROB_GAP
 from rl.core.algorithms.value_loss import ValueLossSettings
 from rl.trainer.batching import MicroBatching, attach, gather
 from rl.trainer.experience import Experience
@@ -79,5 +80,8 @@ def update_policy(group: WorkerGroup, batching: MicroBatching, settings: LossSet
                 metrics[name] = metrics.get(name, 0.0) + value
         metrics.update(results[0][1])  # grad norm and LR: the same on every rank
         for name, value in metrics.items():  # skipped optimizer steps are counted, the rest averaged
+            if name == LOGPROB_GAP:  # before any update: the first mini-batch's alone
+                totals.setdefault(name, value)
+                continue
             totals[name] = totals.get(name, 0.0) + (value if name == "skipped_steps" else value / len(starts))
     return totals

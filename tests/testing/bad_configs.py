@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 WORLD_4 = ["trainer.placement.policy_num_gpus_per_node=4", "trainer.placement.ref_num_gpus_per_node=4"]
 MEGATRON = "trainer.policy.megatron_config."
+EXACT = "trainer.exact_on_policy=true"
 
 
 @dataclass(frozen=True)
@@ -466,4 +467,20 @@ BAD = {
                                      ("megatron computes attention with its own", "set trainer.flash_attn=null")),
     "flash_attn_in_float32": Bad(["trainer.flash_attn=true", "trainer.bf16=false"], "trainer.flash_attn",
                                  ("bf16 and fp16 only", "set trainer.bf16=true")),
+    # exact on-policy (checks_exact.py): what cannot give the engine's logprobs to the bit
+    "exact_with_vllm": Bad([EXACT, "generator.backend=vllm"], "generator.backend",
+                           ("kernels of its own", "set generator.backend=hf")),
+    "exact_under_megatron": Bad([EXACT, "trainer.strategy=megatron"], "trainer.strategy",
+                                ("Megatron-Core's own layers",)),
+    "exact_with_kernels_named": Bad([EXACT, "trainer.kernels=torch"], "trainer.kernels",
+                                    ("leave trainer.kernels=auto",)),
+    "exact_in_bf16": Bad([EXACT, "trainer.bf16=true"], "trainer.bf16", ("set trainer.bf16=false",)),
+    "exact_with_fused_loss": Bad([EXACT, "trainer.policy.use_fused_kernels=true"], "trainer.policy.use_fused_kernels",
+                                 ("sums the vocabulary in chunks",)),
+    "exact_with_ulysses": Bad([EXACT, *WORLD_4, "trainer.policy.sequence_parallel_size=2"],
+                              "trainer.policy.sequence_parallel_size", ("set it to 1",)),
+    "exact_with_lora": Bad([EXACT, "trainer.policy.model.lora.rank=8"], "trainer.policy.model.lora.rank",
+                           ("merged weights",)),
+    "exact_with_top_k": Bad([EXACT, "generator.top_k=5"], "generator.top_k",
+                            ("truncated, renormalised distribution",)),
 }

@@ -49,6 +49,12 @@ def _check_choice(registry: Registry, key: str, name: str) -> None:
         raise ValueError(f"{key}: {registry.unknown_message(name)}")
 
 
+LOGPROB_GAP = "exact_logprob_gap"
+"""The token mean of |training forward - old logprob| over a mini-batch's loss tokens: with
+trainer.exact_on_policy, where the old logprobs are the engine's, 0.0 on the first mini-batch exactly when the
+trainer's arithmetic matched the engine's."""
+
+
 @dataclass(frozen=True)
 class LossSettings:
     """Loss options; field names mirror the `trainer.algorithm.*` config keys (and `generator.max_generate_length`);
@@ -72,6 +78,7 @@ class LossSettings:
     clip_cov_ub: float = 5.0
     kl_cov_frac: float = 0.2
     ppo_kl_coef: float = 1.0
+    measure_logprob_gap: bool = False  # trainer.exact_on_policy: report LOGPROB_GAP
 
     def __post_init__(self) -> None:
         _check_choice(POLICY_LOSSES, "trainer.algorithm.policy_loss_type", self.policy_loss_type)
@@ -228,4 +235,7 @@ def compute_policy_loss(
             total = total - settings.entropy_loss_coef * entropy
     for name, per_token in token_metrics.items():
         metrics[name] = masked_sum(per_token, loss_mask) / normalizer.num_tokens
+    if settings.measure_logprob_gap:  # the training forward against the engine's logprobs (exact on-policy)
+        gap = (logprobs.detach() - old_logprobs).abs()
+        metrics[LOGPROB_GAP] = masked_sum(gap, loss_mask) / normalizer.num_tokens
     return reduce(total) * normalizer.dp_world_size, metrics

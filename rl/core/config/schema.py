@@ -119,6 +119,15 @@ class TrainerConfig:
     kernels: str
     """Kernel implementation: `auto` (fastest available on the device), `torch`, `triton` or `cuda`."""
 
+    exact_on_policy: bool
+    """The generation engine and the policy's training forward compute each token's logprob with the same
+    batch-invariant arithmetic (`rl.core.batch_invariant`), so the logprobs the engine samples with are the trainer's
+    to the bit, whatever the batch, padding, packing, micro-batching or data-parallel split. The old-logprob pass is
+    then skipped (the engine's logprobs are the old ones), the first mini-batch's importance ratio is exactly 1, and
+    `exact_logprob_gap` (the first mini-batch's token-mean |trainer - engine| logprob) is logged, 0.0 when it holds.
+    CPU only, the HF engine, fp32, the whole distribution (no top-k/top-p) and the fsdp, fsdp2 and deepspeed
+    strategies; other combinations are refused with the reason. Its cost: bench/README.md ("Exact on-policy")."""
+
     use_sample_packing: bool
     """Pack sequences into flat micro-batches (no padding); `false` pads each micro-batch instead."""
 

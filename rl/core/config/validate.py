@@ -21,6 +21,8 @@ Rules (world = trainer.placement.policy_num_nodes * policy_num_gpus_per_node):
 - critic (checks_critic.py): its keys only with advantage_estimator gae; on the policy's workers (the same
   placement) or a group of its own (colocate_all=false); critic_mini_batch_size divides train_batch_size like the
   policy's; LoRA only where the strategy trains adapters.
+- exact on-policy (checks_exact.py): the HF engine, fsdp/fsdp2/deepspeed, trainer.kernels auto, fp32, no fused
+  hidden-state loss, no Ulysses, no LoRA, no top-k/top-p.
 - this environment (checks_support.py): generator.backend vllm needs vLLM installed; trainer.flash_attn=true needs
   flash-attention where it can run (not megatron, the flash-attn package, trainer.bf16 not false).
 """
@@ -30,7 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from rl.core.config import checks_backends, checks_combos, checks_critic, checks_support, checks_values
+from rl.core.config import checks_backends, checks_combos, checks_critic, checks_exact, checks_support, checks_values
 from rl.core.config.errors import Problems
 from rl.core.config.schema import Config
 
@@ -57,6 +59,7 @@ CHECKS: tuple[Callable[[Config, Problems], None], ...] = (
     checks_combos.check_environment,
     checks_combos.check_reward_models,
     checks_combos.check_lora,
+    checks_exact.check_exact_on_policy,
     checks_critic.check_critic,
     checks_backends.check_strategy,
     checks_support.check_unsupported,

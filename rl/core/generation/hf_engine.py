@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel
 
+from rl.core.batch_invariant import make_batch_invariant
 from rl.core.generation.engine import GENERATION_ENGINES, GenerationEngine, Rollout, SamplingParams, prompt_images
 from rl.core.generation.sampling import recording_processors
 from rl.core.generation.sequences import cut_at_stop, cut_at_stop_string, left_pad
@@ -78,6 +79,9 @@ class HFGenerationEngine(GenerationEngine):
         max_batch_size: most sequences (prompts x samples) per `generate` call; bounds memory.
         device: where to run; defaults to where the model's parameters already are.
         dtype: dtype when loading from a path ("auto" when None).
+        exact: batch-invariant arithmetic (`rl.core.batch_invariant`, `trainer.exact_on_policy`): a token's logits
+            and logprobs do not depend on the rest of the batch, its padding or the KV cache, and equal those of the
+            trainer's forward under the same weights, bit for bit.
     """
 
     def __init__(
@@ -88,6 +92,7 @@ class HFGenerationEngine(GenerationEngine):
         max_batch_size: int = 64,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
+        exact: bool = False,
     ):
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
@@ -102,6 +107,11 @@ class HFGenerationEngine(GenerationEngine):
         self.takes_images = is_vision_language(self.model.config)
         self.never_sampled = vision_token_ids(self.model.config)  # only the processor writes them
         self.offloaded = False
+        self.exact = exact
+        if exact:
+            if self.takes_images:
+                raise ValueError("exact on-policy generation does not cover a vision-language model's vision tower")
+            make_batch_invariant(self.model)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  images: Sequence[ImageInputs | None] | None = None) -> list[Rollout]:
@@ -130,7 +140,7 @@ class HFGenerationEngine(GenerationEngine):
     ) -> list[Rollout]:
         inputs = self._model_inputs([prompts[p] for p, _ in chunk], [images[p] for p, _ in chunk] if images else [])
         input_ids = inputs["input_ids"]
-        processors, raw, processed = recording_processors(params, self.never_sampled)
+        processors, raw, processed = recording_processors(params, self.never_sampled, self.exact)
         sequences = self.model.generate(
             **inputs,
             generation_config=config,

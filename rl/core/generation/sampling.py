@@ -17,6 +17,7 @@ from transformers.generation import (
     TopPLogitsWarper,
 )
 
+from rl.core import batch_invariant
 from rl.core.generation.engine import SamplingParams
 
 
@@ -27,13 +28,15 @@ class LogprobRecorder(LogitsProcessor):
     log_softmax and resolves step t-1's entry. `finish` resolves the last step from the final sequences.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, exact: bool = False) -> None:
         self._pending: torch.Tensor | None = None
         self._steps: list[torch.Tensor] = []
+        self.exact = exact  # the batch-invariant log-softmax (`rl.core.batch_invariant`), the trainer's in that mode
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         self._resolve(input_ids[:, -1])
-        self._pending = torch.log_softmax(scores.float(), dim=-1)
+        scores32 = scores.float()
+        self._pending = batch_invariant.log_softmax(scores32) if self.exact else torch.log_softmax(scores32, dim=-1)
         return scores
 
     def _resolve(self, chosen: torch.Tensor) -> None:
@@ -80,17 +83,18 @@ class NeverSample(LogitsProcessor):
         return scores
 
 
-def recording_processors(params: SamplingParams, never: tuple[int, ...] = ()
+def recording_processors(params: SamplingParams, never: tuple[int, ...] = (), exact: bool = False
                          ) -> tuple[LogitsProcessorList, LogprobRecorder, LogprobRecorder]:
     """(processors for `generate`, raw recorder, sampling recorder).
 
     The raw recorder sees the untempered logits; the sampling recorder sees them after `never`'s mask and the
     warpers, as a mask of top-k's does. When neither applies (greedy decoding, whose argmax is taken over the
-    untempered logits, or plain temperature-1 sampling) both are the same recorder.
+    untempered logits, or plain temperature-1 sampling) both are the same recorder. `exact`: both take the
+    batch-invariant log-softmax.
     """
-    raw = LogprobRecorder()
+    raw = LogprobRecorder(exact)
     shaping = [*([NeverSample(never)] if never else []), *sampling_warpers(params)]
     if not shaping:
         return LogitsProcessorList([raw]), raw, raw
-    processed = LogprobRecorder()
+    processed = LogprobRecorder(exact)
     return LogitsProcessorList([raw, *shaping, processed]), raw, processed

@@ -18,6 +18,7 @@ import os
 
 import torch
 
+from rl.core import batch_invariant
 from rl.core.config import ConfigError
 from rl.core.config.choices import MODEL_REWARDS
 from rl.core.config.errors import did_you_mean
@@ -332,6 +333,26 @@ def _kernel_problems(cfg, ray_address: str | None) -> list[str]:
             "(torch on CPU) or torch"]
 
 
+def _exact_on_policy_problems(cfg) -> list[str]:
+    """The machine's side of trainer.exact_on_policy (the config's: `rl.core.config.checks_exact`): CPU only, and a
+    text model."""
+    if not cfg.trainer.exact_on_policy:
+        return []
+    problems = []
+    if torch.cuda.is_available():  # on a cluster's GPU workers, `batch_invariant.make_batch_invariant` refuses
+        problems.append(f"trainer.exact_on_policy: is true on a machine with GPUs; {batch_invariant.CPU_ONLY}")
+    path = cfg.trainer.policy.model.path
+    if path and path not in BUILT_MODELS and os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+        from transformers import AutoConfig
+
+        from rl.core.model_class import is_vision_language
+
+        if is_vision_language(AutoConfig.from_pretrained(os.path.expanduser(path))):
+            problems.append(f"trainer.exact_on_policy: {path} is a vision-language model, whose vision tower the "
+                            "batch-invariant arithmetic does not cover; set trainer.exact_on_policy=false")
+    return problems
+
+
 def _weight_sync_problems(cfg, ray_address: str | None) -> list[str]:
     if not _lacks_cuda(ray_address) or cfg.generator.weight_sync_backend != "nccl":
         return []
@@ -401,6 +422,7 @@ def preflight(cfg, ray_address: str | None = None) -> None:
                 *_sandbox_problems(cfg), *_reward_model_problems(cfg), *_environment_problems(cfg),
                 *_prompt_room_problems(cfg, loaded), *_prompt_length_problems(cfg, loaded), *agent_problems(cfg),
                 *_resume_problems(cfg), *_writable_problems(cfg), *_kernel_problems(cfg, ray_address),
+                *_exact_on_policy_problems(cfg),
                 *_weight_sync_problems(cfg, ray_address), *_engine_kwargs_problems(cfg),
                 *_engine_memory_problems(cfg, ray_address), *_host_memory_problems(cfg, ray_address),
                 *_placement_problems(cfg, ray_address), *companion_model_problems(cfg), *memory_problems(cfg),

@@ -56,7 +56,7 @@ def model_specs(cfg, model_path: str, ref_path: str | None = None,
         role="policy", gradient_checkpointing=trainer.gradient_checkpointing, **optimizer_fields(opt, optimizer_steps),
         backend_options=strategy.backend_options(cfg, "policy"),
         lora=dataclasses.asdict(lora) if lora.rank > 0 else None,
-        freeze_vision_tower=trainer.policy.model.freeze_vision_tower, **common)
+        freeze_vision_tower=trainer.policy.model.freeze_vision_tower, exact=trainer.exact_on_policy, **common)
     if not needs_reference(cfg) or (policy.lora and not ref_path):  # a LoRA policy is its own reference
         return policy, None
     return policy, ModelSpec(role="ref", backend_options=strategy.backend_options(cfg, "ref"),

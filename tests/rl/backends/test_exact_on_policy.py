@@ -1,0 +1,133 @@
+"""Exact on-policy arithmetic (`rl.core.batch_invariant`, trainer.exact_on_policy) on the tiny job's model.
+
+Oracle: the same token computed another way, bit for bit. A prompt decoded alone and in a batch of 64 beside prompts
+of other lengths (left padding, another KV cache) gives the same tokens and logprobs; every sampled token's logprob
+equals the trainer's (`hf_forward.batch_logprobs` on the model the backends load) recomputed in one packed
+micro-batch, in micro-batches cut another way, and padded. A planted kernel that is not batch-invariant (BLAS matmul
+for the linear layers, what the model runs without the mode) breaks the first equality, so the comparison can see a
+change of summation order. Against the float64 model the arithmetic stays within float32 rounding."""
+
+import pytest
+import torch
+
+from rl.backends.hf_forward import batch_logprobs
+from rl.backends.hf_model import load_causal_lm
+from rl.core import batch_invariant
+from rl.core.generation import SamplingParams, build_engine
+from rl.core.packing import pack_sequences, pad_sequences
+from tests.testing import tolerances
+from tests.testing.tiny_job import make_tiny_job
+
+TEMPERATURE = 0.8
+# prompts of 4 to 25 tokens: a batch left-pads each by a different amount, so its keys sit at other cache offsets
+PROMPTS = ["1+1=", "12+34=", "7+8+9=", "123+4+56=", "5+66+777+8=", "909+77+3+41+2=", "3+4+5+6+7+8+9+10=",
+           "65+43+21+87+90+12+34+56="]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    return make_tiny_job(str(tmp_path_factory.mktemp("job")))
+
+
+@pytest.fixture(scope="module")
+def engine(job):
+    return build_engine("hf", job.model_path, job.model_path, device="cpu", exact=True)
+
+
+@pytest.fixture(scope="module")
+def prompts(engine):
+    return [engine.tokenizer.encode(text) for text in PROMPTS]
+
+
+def _alone_and_in_a_batch(engine, prompts) -> tuple[list, list]:
+    """Greedy responses of prompt 0 decoded alone, and in a batch of 64 (the 8 prompts 8 times over)."""
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=24)
+    alone = engine.generate([prompts[0]], params)
+    batch = engine.generate(prompts * 8, params)
+    return alone, [rollout for rollout in batch if rollout.prompt_ids == prompts[0]]
+
+
+def test_a_token_alone_equals_the_token_in_a_batch_of_64(engine, prompts):
+    alone, in_batch = _alone_and_in_a_batch(engine, prompts)
+    assert len(in_batch) == 8
+    for rollout in in_batch:
+        assert rollout.response_ids == alone[0].response_ids
+        assert rollout.raw_logprobs == alone[0].raw_logprobs
+
+
+def test_a_planted_kernel_that_is_not_batch_invariant_breaks_it(engine, prompts, monkeypatch):
+    monkeypatch.setattr(batch_invariant, "linear", torch.nn.functional.linear)
+    alone, in_batch = _alone_and_in_a_batch(engine, prompts)
+    assert any(rollout.raw_logprobs != alone[0].raw_logprobs for rollout in in_batch), \
+        "BLAS matmul gave the same bits alone and in a batch of 64: this comparison cannot see a summation order"
+
+
+@pytest.mark.parametrize("fn", [torch.nn.functional.silu, torch.exp, torch.sin])
+def test_an_elementwise_result_does_not_depend_on_where_the_element_sits(fn):
+    """CPU kernels finish a tensor with a scalar loop whose silu differs from the vector loop's in the last bit for
+    some inputs (under avx2 and avx512): each value's result alone, at every offset and length, equals its result
+    inside a long tensor."""
+    values = torch.randn(300, generator=torch.Generator().manual_seed(0)) * 4
+    whole = batch_invariant.elementwise(fn, values)
+    for start in range(0, 70):
+        for length in (1, 3, 17, 70):
+            part = values[start:start + length]
+            assert torch.equal(batch_invariant.elementwise(fn, part), whole[start:start + len(part)]), (start, length)
+
+
+def _sequences(rollouts) -> list[dict]:
+    sequences = []
+    for rollout in rollouts:
+        prompt, response = len(rollout.prompt_ids), len(rollout.response_ids)
+        loss_mask = torch.zeros(prompt + response, dtype=torch.bool)
+        loss_mask[prompt:] = True
+        sequences.append({"input_ids": torch.tensor(rollout.prompt_ids + rollout.response_ids),
+                          "loss_mask": loss_mask})
+    return sequences
+
+
+def _trainer_logprobs(model, sequences, batches: list[list[int]], padded: bool = False) -> list[torch.Tensor]:
+    """Each sequence's response-token logprobs from the trainer's forward over the micro-batches `batches`."""
+    found = {}
+    for members in batches:
+        chosen = [sequences[i] for i in members]
+        batch = pad_sequences(chosen) if padded else pack_sequences(chosen)
+        logprobs, _ = batch_logprobs(model, batch, TEMPERATURE, False, batch_invariant.NAME)
+        mask = batch.loss_mask.bool()
+        offsets = [0, *torch.cumsum(batch.seq_lengths if not padded else
+                                    torch.full_like(batch.seq_lengths, batch.padded_length), 0).tolist()]
+        for slot, index in enumerate(members):
+            span = slice(offsets[slot], offsets[slot + 1])
+            found[index] = logprobs[span][mask[span]]
+    return [found[i] for i in range(len(sequences))]
+
+
+def test_sampled_logprobs_are_the_trainers_packed_or_padded(job, engine, prompts):
+    rollouts = engine.generate(prompts * 2, SamplingParams(n=4, temperature=TEMPERATURE, max_new_tokens=24,
+                                                           seed=5))
+    assert len(rollouts) == 64
+    model = batch_invariant.make_batch_invariant(load_causal_lm(job.model_path, torch.device("cpu")))
+    assert model.config._attn_implementation == batch_invariant.NAME
+    sequences = _sequences(rollouts)
+    every = list(range(len(sequences)))
+    layouts = {"one packed micro-batch": ([every], False),
+               "packed micro-batches of 5, reversed": ([every[i:i + 5][::-1] for i in range(0, 64, 5)], False),
+               "padded micro-batches of 16": ([every[i:i + 16] for i in range(0, 64, 16)], True)}
+    with torch.no_grad():
+        for name, (batches, padded) in layouts.items():
+            for rollout, logprobs in zip(rollouts, _trainer_logprobs(model, sequences, batches, padded), strict=True):
+                assert logprobs.tolist() == rollout.rollout_logprobs, name
+
+
+def test_within_float32_rounding_of_the_float64_model(job, engine, prompts):
+    """The batch-invariant logits against transformers' own forward of the model in float64: the gap is float32's
+    rounding over the network's reductions (`tolerances.network_rtol`) times the largest logit."""
+    from transformers import AutoModelForCausalLM
+
+    exact64 = AutoModelForCausalLM.from_pretrained(job.model_path, dtype=torch.float64).eval()
+    ids = torch.tensor([prompts[2]])
+    with torch.no_grad():
+        mine = engine.model(input_ids=ids).logits[0].double()
+        want = exact64(input_ids=ids).logits[0]
+    bound = tolerances.network_rtol(tolerances.decoder_reductions(exact64.config, ids.shape[1]), torch.float32)
+    tolerances.assert_within(mine, want, bound * float(want.abs().max()), msg="batch-invariant logits")
