@@ -4,15 +4,12 @@ generation engine, with validation, checkpoints and Hugging Face exports at thei
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 
 import torch
 
-from rl.core.algorithms import LossSettings
 from rl.core.algorithms.reward_shaping import overlong_penalty, pass_and_mean_at_k
-from rl.core.algorithms.value_loss import ValueLossSettings
 from rl.core.config import config_to_dict
 from rl.core.config.choices import ROLLOUT_ANCHORED_POLICY_LOSSES
 from rl.core.data import BatchPosition, batches_per_epoch, iter_batches
@@ -21,7 +18,7 @@ from rl.trainer import components
 from rl.trainer.experience import Experience, assign_advantages, build_experience, mask_zero_variance_groups
 from rl.trainer.kl_reward import KLInReward
 from rl.trainer.multi_turn.episodes import Episodes
-from rl.trainer.policy_update import compute_logprobs, is_on_policy, micro_batching, update_policy
+from rl.trainer.policy_update import compute_logprobs, is_on_policy, loss_settings, micro_batching, update_policy
 from rl.trainer.rewards.reward_models import start_reward_models
 from rl.trainer.rewards.rewarding import RewardScorer
 from rl.trainer.rollout.engines import RemoteEngines
@@ -65,10 +62,7 @@ class Trainer:
         self.prompts = PromptEncoder(self.tokenizer, cfg.generator.max_prompt_length, cfg.data.truncation,
                                      processor=components.image_processor(self.model_path))
         self.episodes = Episodes.from_config(cfg, self.tokenizer, self.model_path)
-        self.settings = dataclasses.replace(LossSettings.from_config(cfg.trainer.algorithm, cfg.generator),
-                                            measure_logprob_gap=cfg.trainer.exact_on_policy)
-        self.value_settings = (ValueLossSettings.from_config(cfg.trainer.algorithm, cfg.generator)
-                               if cfg.trainer.algorithm.advantage_estimator == "gae" else None)
+        self.settings, self.value_settings = loss_settings(cfg)
         self.kl_in_reward = KLInReward(cfg.trainer.algorithm) if cfg.trainer.algorithm.use_kl_in_reward else None
         clock.mark("data")
         # an environment's step rewards replace data.reward_fn
@@ -103,8 +97,6 @@ class Trainer:
         self.on_policy = self.kl_in_reward is None and skips_old_logprob_pass(
             cfg, is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size,
                               cfg.trainer.update_epochs_per_batch))
-        # exact on-policy: the engine's logprobs are the trainer's, so they are the old ones and no pass computes them
-        self.exact = cfg.trainer.exact_on_policy
         self.ckpt_root = checkpoint.root_of(cfg, run_dir)
         self.metrics = MetricsLogger(run_dir, list(cfg.trainer.logger), cfg.trainer.project_name,
                                      cfg.trainer.run_name, config_to_dict(cfg))
@@ -263,8 +255,9 @@ class Trainer:
                       if algo.zero_variance_filter else {})
         scored = time.perf_counter()
         compute_logprobs(self.group, self.forward_batching, experience, has_ref=needs_reference(cfg),
-                         ref=self.ref_pass, on_policy=self.on_policy or self.exact, critic=self.critic_pass)
-        if self.exact:
+                         ref=self.ref_pass, on_policy=self.on_policy or cfg.trainer.exact_on_policy,
+                         critic=self.critic_pass)
+        if cfg.trainer.exact_on_policy:  # the engine's logprobs are the trainer's: they are the old ones, no pass
             anchor_on_rollout(experience)
         forwarded = time.perf_counter()
         token_rewards, row = (self.kl_in_reward.token_rewards(experience) if self.kl_in_reward is not None

@@ -3,12 +3,24 @@ on the workers for the policy and the critic."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.core.algorithms.loss import LOGPROB_GAP
 from rl.core.algorithms.value_loss import ValueLossSettings
 from rl.trainer.batching import MicroBatching, attach, gather
 from rl.trainer.experience import Experience
 from rl.trainer.workers.worker_group import WorkerGroup
+
+
+def loss_settings(cfg) -> tuple[LossSettings, ValueLossSettings | None]:
+    """The policy's loss settings (measuring the first mini-batch's gap to the engine's logprobs with
+    trainer.exact_on_policy) and, with GAE, the critic's."""
+    algorithm = cfg.trainer.algorithm
+    policy = dataclasses.replace(LossSettings.from_config(algorithm, cfg.generator),
+                                 measure_logprob_gap=cfg.trainer.exact_on_policy)
+    critic = ValueLossSettings.from_config(algorithm, cfg.generator) if algorithm.advantage_estimator == "gae" else None
+    return policy, critic
 
 
 def micro_batching(cfg, dp_size: int, pad_token_id: int, train: bool) -> MicroBatching:

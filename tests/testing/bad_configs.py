@@ -471,7 +471,7 @@ BAD = {
     "exact_with_vllm": Bad([EXACT, "generator.backend=vllm"], "generator.backend",
                            ("kernels of its own", "set generator.backend=hf")),
     "exact_under_megatron": Bad([EXACT, "trainer.strategy=megatron"], "trainer.strategy",
-                                ("Megatron-Core's own layers",)),
+                                ("runs layers of its own", "runs the Hugging Face model")),
     "exact_with_kernels_named": Bad([EXACT, "trainer.kernels=torch"], "trainer.kernels",
                                     ("leave trainer.kernels=auto",)),
     "exact_in_bf16": Bad([EXACT, "trainer.bf16=true"], "trainer.bf16", ("set trainer.bf16=false",)),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from rl.core.config.errors import Problems
 from rl.core.config.schema import Config
+from rl.core.config.strategies import STRATEGIES
 
 WHY = "trainer.exact_on_policy is true, and "
 
@@ -18,9 +19,10 @@ def check_exact_on_policy(cfg: Config, problems: Problems) -> None:
         problems.add("generator.backend", WHY + f"{gen.backend} samples with kernels of its own, whose sums run in "
                      "another order than the trainer's; set generator.backend=hf (the trainer's own model code) or "
                      "trainer.exact_on_policy=false")
-    if trainer.strategy not in ("fsdp", "fsdp2", "deepspeed"):
-        problems.add("trainer.strategy", WHY + f"{trainer.strategy} is not one of the strategies whose forward is "
-                     "the Hugging Face model's (fsdp, fsdp2, deepspeed; megatron runs Megatron-Core's own layers)")
+    own = STRATEGIES.get(trainer.strategy).own_attention if trainer.strategy in STRATEGIES else ""
+    if own:
+        problems.add("trainer.strategy", WHY + f"{trainer.strategy} runs layers of its own ({own}), not the "
+                     "Hugging Face model's forward the engine shares; pick a strategy that runs the Hugging Face model")
     if trainer.kernels != "auto":
         problems.add("trainer.kernels", WHY + "the token logprobs take the batch-invariant path; leave "
                      f"trainer.kernels=auto (it is {trainer.kernels})")

@@ -210,12 +210,13 @@ class TrainerConfig:
     max_restarts: int
     """How many recoveries from a lost actor (one that died, or stopped answering within actor_call_timeout_s) the
     run makes of each kind, generation engines and the others, within trainer.restart_window_steps; 0 ends the run at
-    the first loss, naming the actor. An engine lost during a generation call is replaced on its own, brought to the
-    policy's weights, and its calls are issued again with their seeds; any other loss (a training worker, critic,
-    reference or reward model, or an engine lost during a weight sync) starts all the run's actors again from the
-    last complete checkpoint (from the start without one), and the steps since it run again (trainer.ckpt_interval
-    bounds how many). Both give the weights an uninterrupted run would have in a synchronous run. An exception raised
-    inside a live actor is not retried."""
+    the first loss, naming the actor. An engine lost during a generation call (or while a weight push waits for its
+    calls) is replaced on its own, brought to the weights the engines hold, and its calls are issued again with
+    their seeds (with partial rollouts, the segment in progress); any other loss (a training worker, critic,
+    reference or reward model, or an engine lost while weights stream to it) starts all the run's actors again from
+    the last complete checkpoint (from the start without one), and the steps since it run again
+    (trainer.ckpt_interval bounds how many). Both give the weights an uninterrupted run would have, synchronous or
+    asynchronous. An exception raised inside a live actor is not retried."""
 
     restart_window_steps: int
     """The window of trainer.max_restarts, in steps: a recovery counts against the limit while it is one of the last
