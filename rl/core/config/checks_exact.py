@@ -17,8 +17,9 @@ def check_exact_on_policy(cfg: Config, problems: Problems) -> None:
         return
     if gen.backend != "hf":
         problems.add("generator.backend", WHY + f"{gen.backend} samples with kernels of its own, whose sums run in "
-                     "another order than the trainer's; set generator.backend=hf (the trainer's own model code) or "
-                     "trainer.exact_on_policy=false")
+                     "another order than the trainer's (vLLM's batch-invariant mode, VLLM_BATCH_INVARIANT=1, makes "
+                     "its own runs agree with each other with Triton kernels on GPUs, not with another forward); set "
+                     "generator.backend=hf (the trainer's own model code) or trainer.exact_on_policy=false")
     own = STRATEGIES.get(trainer.strategy).own_attention if trainer.strategy in STRATEGIES else ""
     if own:
         problems.add("trainer.strategy", WHY + f"{trainer.strategy} runs layers of its own ({own}), not the "
