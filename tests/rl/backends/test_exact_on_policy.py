@@ -131,3 +131,45 @@ def test_within_float32_rounding_of_the_float64_model(job, engine, prompts):
         want = exact64(input_ids=ids).logits[0]
     bound = tolerances.network_rtol(tolerances.decoder_reductions(exact64.config, ids.shape[1]), torch.float32)
     tolerances.assert_within(mine, want, bound * float(want.abs().max()), msg="batch-invariant logits")
+
+
+def test_the_backward_passes_are_the_ordinary_gradients():
+    """Linear and attention keep the ordinary formulas for their gradients: against float64 autograd of
+    `F.linear` and of softmax attention (causal, grouped-query, one padded key masked), within float32's rounding of
+    each gradient's sums: `tolerances.matmul_gap` of the products that make a linear gradient; for attention's chain
+    (scores over 8 dims, the softmax Jacobian and the values over 6 keys, the output over 8 dims) `network_rtol` of
+    those reductions times a bound on each gradient entry's terms, 6 keys x 8 dims x s^4 (s the largest input or
+    output-gradient magnitude; softmax weights at most 1)."""
+    generator = torch.Generator().manual_seed(1)
+    x, w, b = (torch.randn(*shape, generator=generator, dtype=torch.float64) for shape in ((5, 7, 16), (12, 16), (12,)))
+    g = torch.randn(5, 7, 12, generator=generator, dtype=torch.float64)
+    ours = [t.float().requires_grad_() for t in (x, w, b)]
+    batch_invariant.linear(*ours).backward(g.float())
+    want = [t.clone().requires_grad_() for t in (x, w, b)]
+    torch.nn.functional.linear(*want).backward(g)
+    flat_g, flat_x = g.reshape(-1, 12), x.reshape(-1, 16)
+    bounds = [tolerances.matmul_gap(flat_g, w).reshape(x.shape), tolerances.matmul_gap(flat_g.t(), flat_x),
+              tolerances.network_rtol([flat_g.shape[0]], torch.float32) * flat_g.abs().sum(0)]
+    for name, got, expected, bound in zip(("x", "weight", "bias"), ours, want, bounds, strict=True):
+        tolerances.assert_within(got.grad, expected.grad, bound, msg=f"linear d{name}")
+
+    q, k, v = (torch.randn(2, heads, 6, 8, generator=generator, dtype=torch.float64) for heads in (4, 2, 2))
+    allowed = batch_invariant._causal(6, 6, torch.device("cpu"))[None, None].expand(2, 1, 6, 6).clone()
+    allowed[1, :, :, 0] = False  # a left-padded key of the second row
+    allowed[1, :, 0, 0] = True  # its own query still sees itself (no row without keys)
+    grad_out = torch.randn(2, 6, 4, 8, generator=generator, dtype=torch.float64)
+
+    class Module:
+        is_causal = True
+
+    ours = [t.float().requires_grad_() for t in (q, k, v)]
+    out, _ = batch_invariant.attention_forward(Module(), *ours, allowed, scaling=8 ** -0.5)
+    out.backward(grad_out.float())
+    want = [t.clone().requires_grad_() for t in (q, k, v)]
+    keys, values = (t.repeat_interleave(2, dim=1) for t in want[1:])
+    scores = (want[0] @ keys.transpose(-1, -2) * 8 ** -0.5).masked_fill(~allowed, float("-inf"))
+    (torch.softmax(scores, -1) @ values).transpose(1, 2).backward(grad_out)
+    scale = float(max(t.abs().max() for t in (q, k, v, grad_out)))
+    bound = tolerances.network_rtol([8, 6, 6, 8], torch.float32) * 6 * 8 * scale ** 4
+    for name, got, expected in zip("qkv", ours, want, strict=True):
+        tolerances.assert_within(got.grad, expected.grad, bound, msg=f"attention d{name}")
