@@ -173,3 +173,53 @@ def test_the_backward_passes_are_the_ordinary_gradients():
     bound = tolerances.network_rtol([8, 6, 6, 8], torch.float32) * 6 * 8 * scale ** 4
     for name, got, expected in zip("qkv", ours, want, strict=True):
         tolerances.assert_within(got.grad, expected.grad, bound, msg=f"attention d{name}")
+
+
+class _Attention:
+    is_causal = True
+
+
+def test_the_attention_masks_mean_one_thing():
+    """The forms a mask reaches the attention function in give the same bits: none (causal), transformers' boolean
+    mask, an additive one (0 and -inf), and a packed row's sequence bounds against each sequence alone; a sliding
+    window drops the keys behind it. Dropout and attention sinks are refused, not ignored."""
+    generator = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, heads, 9, 8, generator=generator) for heads in (4, 2, 2))
+    causal = batch_invariant._causal(9, 9, torch.device("cpu"))[None, None]
+    plain, _ = batch_invariant.attention_forward(_Attention(), q, k, v, None)
+    by_bool, _ = batch_invariant.attention_forward(_Attention(), q, k, v, causal)
+    additive = torch.zeros(1, 1, 9, 9).masked_fill(~causal, float("-inf"))
+    by_additive, _ = batch_invariant.attention_forward(_Attention(), q, k, v, additive)
+    assert torch.equal(plain, by_bool) and torch.equal(plain, by_additive)
+    bounds = torch.tensor([0, 4, 9])
+    packed, _ = batch_invariant.attention_forward(_Attention(), q, k, v, None, cu_seq_lens_q=bounds)
+    first, _ = batch_invariant.attention_forward(_Attention(), q[:, :, :4], k[:, :, :4], v[:, :, :4], None)
+    second, _ = batch_invariant.attention_forward(_Attention(), q[:, :, 4:], k[:, :, 4:], v[:, :, 4:], None)
+    assert torch.equal(packed, torch.cat([first, second], dim=1))
+    assert not torch.equal(packed, plain), "the second sequence must not see the first"
+    windowed, _ = batch_invariant.attention_forward(_Attention(), q, k, v, None, sliding_window=3)
+    last_three, _ = batch_invariant.attention_forward(_Attention(), q[:, :, 6:], k[:, :, 6:], v[:, :, 6:], None)
+    assert torch.equal(windowed[:, 8], last_three[:, 2]) and not torch.equal(windowed[:, 8], plain[:, 8])
+    with pytest.raises(ValueError, match="without dropout"):
+        batch_invariant.attention_forward(_Attention(), q, k, v, None, dropout=0.1)
+    with pytest.raises(ValueError, match="attention sinks"):
+        batch_invariant.attention_forward(_Attention(), q, k, v, None, s_aux=torch.zeros(4))
+
+
+def test_elementwise_in_pieces_equals_one_call_and_keeps_the_shape():
+    values = torch.randn(3, batch_invariant.GRAIN + 100, generator=torch.Generator().manual_seed(3))
+    out = batch_invariant.elementwise(torch.exp, values)
+    assert out.shape == values.shape and torch.equal(out, torch.exp(values))
+
+
+def test_parts_it_does_not_cover_are_refused(job):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(job.model_path)
+    model.model.layers[0].extra = torch.nn.LayerNorm(4)
+    with pytest.raises(ValueError, match="does not cover this layer"):
+        batch_invariant.make_batch_invariant(model)
+    model = AutoModelForCausalLM.from_pretrained(job.model_path)
+    model.model.rotary_emb.rope_type = "yarn"
+    with pytest.raises(ValueError, match="not 'yarn'"):
+        batch_invariant.make_batch_invariant(model)
