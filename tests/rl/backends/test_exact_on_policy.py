@@ -223,3 +223,43 @@ def test_parts_it_does_not_cover_are_refused(job):
     model.model.rotary_emb.rope_type = "yarn"
     with pytest.raises(ValueError, match="not 'yarn'"):
         batch_invariant.make_batch_invariant(model)
+
+
+def test_token_logprobs_are_log_softmax_at_the_temperature():
+    """Against float64 torch: log softmax(logits / T)[target], within float32's rounding of a sum over the
+    vocabulary (`network_rtol([V])` of the largest |logit| / T) plus the division's and the log's roundings."""
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(4), dtype=torch.float64) * 5
+    targets = torch.tensor([0, 299, 17, 5, 150, 42])
+    for temperature in (1.0, 0.7):
+        got = batch_invariant.token_logprobs(logits.float(), targets, temperature)
+        want = torch.log_softmax(logits / temperature, -1).gather(-1, targets[:, None])[:, 0]
+        scale = float(logits.abs().max()) / temperature
+        bound = (tolerances.network_rtol([300], torch.float32) + 4 * tolerances.unit_roundoff(torch.float32)) * scale
+        tolerances.assert_within(got, want, bound, msg=f"token logprobs at T={temperature}")
+
+
+def test_every_part_of_the_decoder_is_swapped(job):
+    """Every linear layer (with its bias: a layer given one here, as Qwen2's q/k/v have), norm, rotary embedding and
+    MLP activation computes the batch-invariant way after `make_batch_invariant`, and the attention is its own."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(job.model_path)
+    proj = model.model.layers[0].self_attn.q_proj
+    model.model.layers[0].self_attn.q_proj = torch.nn.Linear(proj.in_features, proj.out_features, bias=True)
+    batch_invariant.make_batch_invariant(model)
+    assert model.config._attn_implementation == batch_invariant.NAME
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(3, proj.in_features, generator=generator)
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            given = torch.randn(3, module.in_features, generator=generator)
+            assert torch.equal(module(given), batch_invariant.linear(given, module.weight, module.bias)), name
+        if hasattr(module, "act_fn"):
+            assert isinstance(module.act_fn, batch_invariant._Activation), name
+    biased = model.model.layers[0].self_attn.q_proj
+    assert not torch.equal(biased(x), batch_invariant.linear(x, biased.weight)), "the bias is added"
+    norm = model.model.norm
+    assert torch.equal(norm(x), batch_invariant.rms_norm(x, norm.weight, norm.variance_epsilon))
+    positions = torch.arange(7)[None]
+    cos, _ = model.model.rotary_emb(x, positions)
+    assert torch.equal(cos, batch_invariant._rotary_forward(model.model.rotary_emb, x, positions)[0])
