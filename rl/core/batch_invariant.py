@@ -206,6 +206,19 @@ def register() -> str:
     return NAME
 
 
+def _linear_forward(self: nn.Linear, x: Tensor) -> Tensor:
+    return linear(x, self.weight, self.bias)
+
+
+def _rms_norm_forward(self: nn.Module, x: Tensor) -> Tensor:
+    return rms_norm(x, self.weight, _norm_eps(self))
+
+
+def _norm_eps(module: nn.Module) -> float | None:
+    """An RMSNorm's epsilon: transformers' `variance_epsilon`, or `eps` (torch's RMSNorm and some models')."""
+    return getattr(module, "variance_epsilon", getattr(module, "eps", None))
+
+
 def _rotary_forward(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
     freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
     angles = torch.cat((freqs, freqs), dim=-1)
@@ -230,17 +243,16 @@ def make_batch_invariant(model: nn.Module) -> nn.Module:
     rotary embedding and MLP activation, and its attention implementation; returns the model. Refuses a model
     with a part it does not cover (a norm with a bias, a rotary scaling other than the default)."""
     if any(param.device.type != "cpu" for param in model.parameters()):
-        raise ValueError(f"trainer.exact_on_policy: {type(model).__name__} is on a GPU; {CPU_ONLY}")
+        raise ValueError(f"trainer.exact_on_policy: {type(model).__name__} is not on the CPU; {CPU_ONLY}")
     register()
     for name, module in list(model.named_modules()):
         kind = type(module).__name__
         if isinstance(module, nn.Linear):
-            module.forward = types.MethodType(lambda self, x: linear(x, self.weight, self.bias), module)
+            module.forward = types.MethodType(_linear_forward, module)
         elif kind.endswith("RMSNorm"):
-            eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-            if eps is None or getattr(module, "bias", None) is not None:
+            if _norm_eps(module) is None or getattr(module, "bias", None) is not None:
                 raise ValueError(f"{name} ({kind}): exact on-policy covers RMSNorm with a weight and no bias")
-            module.forward = types.MethodType(lambda self, x, eps=eps: rms_norm(x, self.weight, eps), module)
+            module.forward = types.MethodType(_rms_norm_forward, module)
         elif kind.endswith("RotaryEmbedding"):
             if getattr(module, "rope_type", "default") != "default":
                 raise ValueError(f"{name} ({kind}): exact on-policy covers the default rotary embedding, not "

@@ -223,6 +223,13 @@ def test_parts_it_does_not_cover_are_refused(job):
     model.model.rotary_emb.rope_type = "yarn"
     with pytest.raises(ValueError, match="not 'yarn'"):
         batch_invariant.make_batch_invariant(model)
+    model = AutoModelForCausalLM.from_pretrained(job.model_path)
+    model.model.norm.bias = torch.nn.Parameter(torch.zeros(model.config.hidden_size))
+    with pytest.raises(ValueError, match="RMSNorm with a weight and no bias"):
+        batch_invariant.make_batch_invariant(model)
+    with pytest.raises(ValueError, match="is not on the CPU; its batch-invariant arithmetic is checked bit for bit "
+                                         "on CPU only"):
+        batch_invariant.make_batch_invariant(AutoModelForCausalLM.from_pretrained(job.model_path).to("meta"))
 
 
 def test_token_logprobs_are_log_softmax_at_the_temperature():
@@ -250,12 +257,20 @@ def test_every_part_of_the_decoder_is_swapped(job):
     assert model.config._attn_implementation == batch_invariant.NAME
     generator = torch.Generator().manual_seed(5)
     x = torch.randn(3, proj.in_features, generator=generator)
+    swapped = {"Linear": batch_invariant._linear_forward, "LlamaRMSNorm": batch_invariant._rms_norm_forward,
+               "LlamaRotaryEmbedding": batch_invariant._rotary_forward}
+    seen = set()
     for name, module in model.named_modules():
+        kind = type(module).__name__
+        if kind in swapped:  # each part's forward is ours (a norm's may agree with ours on a few rows by chance)
+            assert getattr(module.forward, "__func__", None) is swapped[kind], name
+            seen.add(kind)
         if isinstance(module, torch.nn.Linear):
             given = torch.randn(3, module.in_features, generator=generator)
             assert torch.equal(module(given), batch_invariant.linear(given, module.weight, module.bias)), name
         if hasattr(module, "act_fn"):
             assert isinstance(module.act_fn, batch_invariant._Activation), name
+    assert seen == set(swapped)
     biased = model.model.layers[0].self_attn.q_proj
     assert not torch.equal(biased(x), batch_invariant.linear(x, biased.weight)), "the bias is added"
     norm = model.model.norm
