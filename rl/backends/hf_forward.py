@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from rl.backends.logits import token_logprobs_and_entropy
+from rl.backends.logits import token_entropy, token_logprobs_and_entropy
 from rl.backends.multimodal import multimodal_kwargs, takes_images
 from rl.backends.tied_grad import shared_tied_grad
 from rl.backends.ulysses import SequenceParallel, sum_over_group
@@ -156,7 +156,7 @@ def batch_logprobs(model: nn.Module, batch: PackedBatch, temperature: float, wit
     targets = batch.input_ids[scored.targets_at]
     if kernels == batch_invariant.NAME:  # the engine's log-softmax, bit for bit; the entropy needs no such order
         logprobs = batch_invariant.token_logprobs(scored.logits, targets, temperature)
-        entropy = token_logprobs_and_entropy(scored.logits, targets, temperature)[1] if with_entropy else None
+        entropy = token_entropy(scored.logits, temperature) if with_entropy else None
     else:
         logprobs, entropy = token_logprobs_and_entropy(scored.logits, targets, temperature, kernels, with_entropy)
     return (_spread(logprobs, scored.targets_at, batch, sp),

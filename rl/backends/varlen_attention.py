@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from rl.core.batch_invariant import causal_mask
+
 NAME = "sdpa_varlen"
 PADDING_WASTE = 1.25
 """A group's padded score count (members x longest²) stays within this factor of its members' own Σ length²."""
@@ -112,14 +114,6 @@ def _repeat_kv(x: Tensor, groups: int) -> Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=-2)
 
 
-def _causal_mask(width: int, sliding_window: int | None, device: torch.device) -> Tensor:
-    """[width, width] bool: query i sees key j when 0 <= i - j (< sliding_window)."""
-    positions = torch.arange(width, device=device)
-    distance = positions[:, None] - positions[None, :]
-    mask = distance >= 0
-    return mask & (distance < sliding_window) if sliding_window is not None else mask
-
-
 def varlen_sdpa(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, scale: float | None = None,
                 dropout: float = 0.0, sliding_window: int | None = None) -> Tensor:
     """Causal attention of every sequence within itself. query [N, H, D], key/value [N, Hkv, D], cu_seqlens [S+1]
@@ -139,7 +133,7 @@ def varlen_sdpa(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, s
         q, k, v = (r.view(group.count, group.width, *r.shape[1:]).transpose(1, 2) for r in rows)  # [count, H, L, D]
         mask = None
         if group.key_mask is not None or (sliding_window is not None and sliding_window < group.width):
-            mask = _causal_mask(group.width, sliding_window, query.device)[None, None]
+            mask = causal_mask(group.width, group.width, query.device, sliding_window)[None, None]
             if group.key_mask is not None:  # keys past a member's length are padding
                 mask = mask & group.key_mask
         out = torch.nn.functional.scaled_dot_product_attention(

@@ -150,8 +150,9 @@ class _Attention(torch.autograd.Function):
         return *grads, None, None
 
 
-def _causal(queries: int, keys: int, device: torch.device, window: int | None = None) -> Tensor:
-    """[queries, keys] bool: the queries are the last `queries` of the keys' positions."""
+def causal_mask(queries: int, keys: int, device: torch.device, window: int | None = None) -> Tensor:
+    """[queries, keys] bool, the queries being the last `queries` of the keys' positions: query i sees key j when
+    0 <= distance (< window), the distance being their positions' difference."""
     distance = (torch.arange(queries, device=device)[:, None] + keys - queries) - torch.arange(keys, device=device)
     allowed = distance >= 0
     return allowed & (distance < window) if window is not None else allowed
@@ -174,12 +175,12 @@ def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tens
     if bounds is not None and query.shape[0] == 1 and int(bounds[-1]) == query.shape[2] == key.shape[2]:
         pieces = []
         for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-            allowed = _causal(end - start, end - start, query.device, window)[None, None]
+            allowed = causal_mask(end - start, end - start, query.device, window)[None, None]
             pieces.append(_Attention.apply(*(t[:, :, start:end] for t in (query, key, value)), allowed, scale))
         out = torch.cat(pieces, dim=2)
     else:
         if attention_mask is None:
-            allowed = _causal(query.shape[2], key.shape[2], query.device, window)[None, None]
+            allowed = causal_mask(query.shape[2], key.shape[2], query.device, window)[None, None]
         elif attention_mask.dtype == torch.bool:
             allowed = attention_mask[..., -key.shape[2]:]
         else:  # an additive mask: 0 where allowed, the dtype's minimum or -inf elsewhere

@@ -94,9 +94,10 @@ class Trainer:
                             if self.value_settings is not None else None)
         self.critic_train_batching = micro_batching(cfg, self.critic_workers.dp_size, pad, train=True)
         # the KL in the reward needs the policy's logprobs before the update: the old-logprob pass always runs
-        self.on_policy = self.kl_in_reward is None and skips_old_logprob_pass(
+        # exact on-policy: the engine's logprobs are the trainer's, so they are the old ones (`anchor_on_rollout`)
+        self.on_policy = cfg.trainer.exact_on_policy or (self.kl_in_reward is None and skips_old_logprob_pass(
             cfg, is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size,
-                              cfg.trainer.update_epochs_per_batch))
+                              cfg.trainer.update_epochs_per_batch)))
         self.ckpt_root = checkpoint.root_of(cfg, run_dir)
         self.metrics = MetricsLogger(run_dir, list(cfg.trainer.logger), cfg.trainer.project_name,
                                      cfg.trainer.run_name, config_to_dict(cfg))
@@ -255,9 +256,8 @@ class Trainer:
                       if algo.zero_variance_filter else {})
         scored = time.perf_counter()
         compute_logprobs(self.group, self.forward_batching, experience, has_ref=needs_reference(cfg),
-                         ref=self.ref_pass, on_policy=self.on_policy or cfg.trainer.exact_on_policy,
-                         critic=self.critic_pass)
-        if cfg.trainer.exact_on_policy:  # the engine's logprobs are the trainer's: they are the old ones, no pass
+                         ref=self.ref_pass, on_policy=self.on_policy, critic=self.critic_pass)
+        if cfg.trainer.exact_on_policy:
             anchor_on_rollout(experience)
         forwarded = time.perf_counter()
         token_rewards, row = (self.kl_in_reward.token_rewards(experience) if self.kl_in_reward is not None

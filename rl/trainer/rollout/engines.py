@@ -257,14 +257,20 @@ class RemoteEngines(GenerationEngine):
     def _result(self, share: Share) -> tuple[int, list[Rollout]]:
         """A share's result; if its engine died or stopped answering, the engine replaced (which issues the share
         again) when the budget allows."""
+        return self._outliving(share.engine, share.actor, share.ref, lambda: (share.actor, share.ref))
+
+    def _outliving(self, index: int, actor: Any, ref: Any, again: Callable[[], tuple[Any, Any]]) -> Any:
+        """The result of `ref`, a call on engine `index` (actor `actor`); an engine that dies or stops answering
+        first is replaced (`replace`: its calls in flight issued again), and `again()` names the (actor, call) to
+        wait on instead."""
         from ray.exceptions import RayActorError
 
         while True:
-            actor, ref = share.actor, share.ref
             try:
-                return wait_all([ref], [self.labels[share.engine]], self.timeout_s)[0]
+                return wait_all([ref], [self.labels[index]], self.timeout_s)[0]
             except (RayActorError, ActorHung) as error:
-                self.replace(share.engine, actor, error)
+                self.replace(index, actor, error)
+                actor, ref = again()
 
     def replace(self, index: int, lost: Any, error: Exception) -> None:
         """Engine `index`, found dead or hung as actor `lost`, replaced and its calls in flight issued again; `error`
@@ -298,21 +304,13 @@ class RemoteEngines(GenerationEngine):
         """Waits for the calls already submitted to finish (with partial rollouts: their segments in progress),
         then marks every engine as being updated; calls submitted from now wait for `finish_update`. An
         engine lost in the wait is replaced (its calls issued again) and waited for in turn."""
-        from ray.exceptions import RayActorError
-
         with self.gate:
             self.pushing = True
             actors = list(self.actors)
             refs = [a.begin_update.remote() for a in actors]
         for index, (actor, ref) in enumerate(zip(actors, refs, strict=True)):
-            while True:
-                try:
-                    wait_all([ref], [self.labels[index]], self.timeout_s)
-                    break
-                except (RayActorError, ActorHung) as error:
-                    self.replace(index, actor, error)
-                    actor = self.actors[index]
-                    ref = actor.begin_update.remote()
+            self._outliving(index, actor, ref, lambda index=index: (self.actors[index],
+                                                                    self.actors[index].begin_update.remote()))
 
     def finish_update(self, version: int) -> None:
         try:

@@ -154,7 +154,7 @@ def test_the_backward_passes_are_the_ordinary_gradients():
         tolerances.assert_within(got.grad, expected.grad, bound, msg=f"linear d{name}")
 
     q, k, v = (torch.randn(2, heads, 6, 8, generator=generator, dtype=torch.float64) for heads in (4, 2, 2))
-    allowed = batch_invariant._causal(6, 6, torch.device("cpu"))[None, None].expand(2, 1, 6, 6).clone()
+    allowed = batch_invariant.causal_mask(6, 6, torch.device("cpu"))[None, None].expand(2, 1, 6, 6).clone()
     allowed[1, :, :, 0] = False  # a left-padded key of the second row
     allowed[1, :, 0, 0] = True  # its own query still sees itself (no row without keys)
     grad_out = torch.randn(2, 6, 4, 8, generator=generator, dtype=torch.float64)
@@ -185,7 +185,7 @@ def test_the_attention_masks_mean_one_thing():
     window drops the keys behind it. Dropout and attention sinks are refused, not ignored."""
     generator = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, heads, 9, 8, generator=generator) for heads in (4, 2, 2))
-    causal = batch_invariant._causal(9, 9, torch.device("cpu"))[None, None]
+    causal = batch_invariant.causal_mask(9, 9, torch.device("cpu"))[None, None]
     plain, _ = batch_invariant.attention_forward(_Attention(), q, k, v, None)
     by_bool, _ = batch_invariant.attention_forward(_Attention(), q, k, v, causal)
     additive = torch.zeros(1, 1, 9, 9).masked_fill(~causal, float("-inf"))
