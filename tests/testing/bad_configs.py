@@ -481,6 +481,10 @@ BAD = {
                               "trainer.policy.sequence_parallel_size", ("set it to 1",)),
     "exact_with_lora": Bad([EXACT, "trainer.policy.model.lora.rank=8"], "trainer.policy.model.lora.rank",
                            ("merged weights",)),
-    "exact_with_top_k": Bad([EXACT, "generator.top_k=5"], "generator.top_k",
+    "exact_with_top_k": Bad([EXACT, "generator.top_k=1"], "generator.top_k",
                             ("truncated, renormalised distribution",)),
+    "exact_with_top_p": Bad([EXACT, "generator.top_p=0.9"], "generator.top_p",
+                            ("truncated, renormalised distribution", "generator.top_p=1.0")),
+    "exact_with_one_lora_rank": Bad([EXACT, "trainer.policy.model.lora.rank=1"], "trainer.policy.model.lora.rank",
+                                    ("merged weights",)),
 }

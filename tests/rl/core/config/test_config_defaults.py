@@ -55,6 +55,18 @@ def test_defaults_load_and_validate():
     assert isinstance(cfg, Config)
 
 
+def test_exact_on_policy_loads_wherever_it_can_hold():
+    """The combinations `checks_exact` lets through (its refusals are rows of tests/testing/bad_configs.py): the
+    defaults, and each refused option at the edge of what it allows (a whole distribution, full fine-tuning, one
+    rank per sequence, the HF engine on the named strategies that run the Hugging Face model)."""
+    edges = ["generator.top_k=-1", "generator.top_p=1.0", "trainer.policy.model.lora.rank=0",
+             "trainer.policy.sequence_parallel_size=1", "generator.backend=hf", "trainer.kernels=auto",
+             "trainer.bf16=false", "trainer.policy.use_fused_kernels=false"]
+    for strategy in ("fsdp2", "fsdp", "deepspeed"):
+        cfg = load_config(["trainer.exact_on_policy=true", f"trainer.strategy={strategy}", *edges])
+        assert cfg.trainer.exact_on_policy and cfg.trainer.strategy == strategy
+
+
 def test_yaml_and_dataclasses_name_the_same_keys():
     with open(DEFAULTS_PATH, encoding="utf-8") as handle:
         data = yaml.safe_load(handle)
