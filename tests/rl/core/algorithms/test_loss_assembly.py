@@ -274,9 +274,10 @@ def test_micro_batch_mean_would_not_be_invariant():
 
 def test_the_logprob_gap_is_the_token_mean_of_the_distance_to_the_old_logprobs():
     """`measure_logprob_gap` (trainer.exact_on_policy): |logprob - old| averaged over the loss tokens, by hand:
-    tokens 0, 1 and 3 count (token 2 is masked), gaps 0.25, 0 and 1.5, so 1.75 / 3; not reported unless asked."""
+    tokens 0, 1 and 3 count (token 2 is masked), differences -0.25, 0 and 1.5, so
+    (0.25 + 1.5) / 3; not reported unless asked."""
     logp = torch.tensor([[-1.0, -2.0, -3.0, -0.5]], dtype=torch.float64)
-    old = torch.tensor([[-1.25, -2.0, -9.0, -2.0]], dtype=torch.float64)
+    old = torch.tensor([[-0.75, -2.0, -9.0, -2.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 0, 1]], dtype=torch.float64)
     advantages = torch.ones(1, 4, dtype=torch.float64)
     settings = LossSettings(measure_logprob_gap=True)
