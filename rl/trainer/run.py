@@ -64,7 +64,7 @@ def _actor_failure(trainer, error: Exception, run_dir: str) -> str | None:
         return f"{who} died{during}: {cause} (traceback: {_keep_traceback(text, run_dir)})"
     dead = trainer.dead_actor() if trainer is not None else None  # a survivor's collective failed first
     if dead:
-        return f"{dead} died ({type(error.cause).__name__} in a peer)"
+        return _in_a_peer(dead, error)
     who, method = _actor_in(text)
     if cause is None or method is None:
         return None
@@ -72,15 +72,33 @@ def _actor_failure(trainer, error: Exception, run_dir: str) -> str | None:
     return f"{who} failed in {method}(): {cause} (traceback: {_keep_traceback(text, run_dir)})"
 
 
-def _kind_lost(trainer, error: Exception) -> str:
-    """Which kind of recovery (`restarts.ENGINE` or `restarts.WORKER`) the loss of the actor `error` names takes."""
+def _in_a_peer(dead: str, error: Exception) -> str:
+    """"training worker rank 1 (...) died (RuntimeError in a peer)": a survivor's collective fails as its peer dies,
+    and the survivor's error can reach the driver before the death does."""
+    return f"{dead} died ({type(getattr(error, 'cause', error)).__name__} in a peer)"
+
+
+def _actor_lost(trainer, error: Exception, run_dir: str) -> tuple[str, str] | None:
+    """What was lost and the kind of recovery it takes (`restarts.ENGINE` or `restarts.WORKER`), for an actor that
+    died or hung, or one whose peer died under it; None for an exception of a live actor among live peers, which a
+    new start would only raise again."""
+    from ray.exceptions import RayActorError
+
     from rl.trainer.workers.restarts import ENGINE, WORKER
     from rl.trainer.workers.waiting import ActorHung
 
-    names = error.names if isinstance(error, ActorHung) else [
-        (trainer.actor_names() if trainer is not None else {}).get(getattr(error, "actor_id", None) or "")
-        or _actor_in(_plain(str(error)))[0]]
-    return ENGINE if names and all("generation engine" in name for name in names) else WORKER
+    if isinstance(error, ActorHung):
+        names = error.names
+    elif isinstance(error, RayActorError):
+        names = [(trainer.actor_names() if trainer is not None else {}).get(getattr(error, "actor_id", None) or "")
+                 or _actor_in(_plain(str(error)))[0]]
+    else:
+        dead = trainer.dead_actor() if trainer is not None else None
+        return None if dead is None else (_in_a_peer(dead, error), ENGINE if "generation engine" in dead else WORKER)
+    what = _actor_failure(trainer, error, run_dir)
+    if what is None:
+        return None
+    return what, ENGINE if names and all("generation engine" in name for name in names) else WORKER
 
 
 def _keep_traceback(text: str, run_dir: str) -> str:
@@ -214,12 +232,12 @@ def run_training(cfg, run_dir: str | None = None, ray_address: str | None = None
                     print(f"recovered in {time.monotonic() - failed_at:.1f} s ({counted})", flush=True)
                 trainer.fit()
                 break
-            except (RayActorError, ActorHung) as error:  # a death or a hang, not an exception of a live actor
-                what = _actor_failure(trainer, error, run_dir)
+            except (RayActorError, RayTaskError, ActorHung) as error:
+                lost = _actor_lost(trainer, error, run_dir)
                 step = trainer.current_step if trainer is not None else 0
-                kind = _kind_lost(trainer, error)
-                if what is None or not budget.take(kind, step):
+                if lost is None or not budget.take(lost[1], step):
                     raise
+                what, kind = lost
                 failed_at, restarts, counted = time.monotonic(), restarts + 1, budget.describe(kind, step)
                 latest = checkpoint.latest(checkpoint.root_of(cfg, run_dir), log=lambda _: None)
                 print(f"warning: {what} at step {step}; the run's actors start again from "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import ray
@@ -17,9 +18,11 @@ from rl.backends.base import ModelSpec
 from rl.backends.worker import TrainingWorker
 from rl.core.generation import SamplingParams
 from rl.core.packing import pack_sequences
+from rl.trainer.loop import Trainer
 from rl.trainer.rewards.reward_models import RewardModelActor
 from rl.trainer.rollout.engines import EngineActor
-from rl.trainer.run import FAILURE_FILE, _actor_failure
+from rl.trainer.run import FAILURE_FILE, _actor_failure, _actor_lost
+from rl.trainer.workers.restarts import WORKER
 from tests.testing.ray_cluster import shared_ray_address
 from tests.testing.tiny_job import make_tiny_job
 
@@ -103,6 +106,32 @@ def test_training_worker(cluster, model_path, weightless, tmp_path):
     assert_line(line_of(live.logprobs.remote([batch]), tmp_path / "b"), tmp_path / "b", "a training worker",
                 "TrainingWorker", "failed in logprobs()", r"IndexError: .*")
     ray.kill(live)
+
+
+def test_a_survivor_whose_peer_died_reports_the_dead_one(cluster, model_path, tmp_path):
+    """Two ranks in one group. An exception of a live rank among live peers is its own (no recovery: a new start
+    would raise it again). Once rank 1 is killed, rank 0's next collective fails, and that error can reach the
+    driver before rank 1's death does: it is rank 1's loss, a training worker to recover."""
+    worker = ray.remote(TrainingWorker)
+    ranks = [worker.remote(rank, 2, 0) for rank in range(2)]
+    host, port = ray.get(ranks[0].host_rendezvous.remote(2))
+    ray.get([rank.setup.remote(host, port, "fsdp", spec(model_path), None) for rank in ranks], timeout=120)
+    run = SimpleNamespace(actors=lambda: [(rank, f"training worker rank {i}") for i, rank in enumerate(ranks)],
+                          actor_names=dict)
+    run.dead_actor = lambda: Trainer.dead_actor(run)
+    batch = pack_sequences([{"input_ids": torch.tensor([1, 2, 10**6]), "loss_mask": torch.tensor([0, 1, 1]).bool(),
+                             "advantages": torch.zeros(3), "old_logprobs": torch.zeros(3)}])
+    calls = [rank.logprobs.remote([batch]) for rank in ranks]
+    with pytest.raises(ray.exceptions.RayTaskError) as own:
+        ray.get(calls[0], timeout=120)
+    assert _actor_lost(run, own.value, str(tmp_path)) is None
+    ray.kill(ranks[1], no_restart=True)
+    with pytest.raises(ray.exceptions.RayTaskError) as peer:
+        ray.get(ranks[0].full_state_dict.remote(), timeout=120)
+    what, kind = _actor_lost(run, peer.value, str(tmp_path))
+    assert kind == WORKER
+    assert re.fullmatch(r"training worker rank 1 died \(\w+ in a peer\)", what), what
+    ray.kill(ranks[0])
 
 
 @pytest.fixture(scope="module")
