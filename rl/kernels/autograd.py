@@ -90,8 +90,22 @@ def backprop_chunk(grad_logits: Tensor, hidden_c: Tensor, weight: Tensor, grad_w
     """grad_hidden of a chunk, accumulating its grad_weight (fp32) in place."""
     grad_logits = grad_logits.to(weight.dtype)
     if grad_weight is not None:
-        grad_weight.addmm_(grad_logits.T.to(grad_weight.dtype), hidden_c.to(grad_weight.dtype))
+        add_product(grad_weight, grad_logits.T, hidden_c.to(weight.dtype))
     return grad_logits @ weight
+
+
+def add_product(total: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """total += a @ b, in place, `total` fp32. With bf16 or fp16 factors on a GPU the matmul runs in their dtype on
+    the tensor cores with an fp32 result (cuBLAS's output-dtype addmm): upcasting them instead would run an fp32
+    matmul, an order of magnitude slower, over the whole [V, H] weight per chunk. Elsewhere the factors are upcast
+    (exact) and multiplied in fp32."""
+    if a.dtype != total.dtype and total.is_cuda and _has_fp32_out_addmm():
+        return torch.addmm(total, a, b, out_dtype=total.dtype, out=total)
+    return total.addmm_(a.to(total.dtype), b.to(total.dtype))
+
+
+def _has_fp32_out_addmm() -> bool:
+    return hasattr(torch.ops.aten.addmm, "dtype_out")
 
 
 class ChunkedLoss(torch.autograd.Function):
@@ -180,7 +194,8 @@ def kernel_chunked_policy_loss(kernels: LossKernels, settings, hidden: Tensor, w
     if settings.use_kl_loss and ref_logprobs is None:
         raise ValueError("trainer.algorithm.use_kl_loss is on but no ref_logprobs were given")
     plan = plan_loss(settings, normalizer, loss_mask, seq_ids, num_sequences)
-    chunk = token_chunk(hidden.shape[0], weight.shape[0], chunk_size)
+    # a chunk holds its logits and their gradient, both in the hidden states' dtype
+    chunk = token_chunk(hidden, weight, chunk_size, 2 * hidden.element_size() * weight.shape[0])
     loss, totals = ChunkedLoss.apply(
         kernel_chunk_loss(kernels), hidden, weight, targets.to(torch.int64).contiguous(), old_logprobs, advantages,
         ref_logprobs, plan, float(temperature), chunk, weight_grad_sink,

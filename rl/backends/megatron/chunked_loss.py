@@ -141,7 +141,8 @@ def vocab_parallel_chunked_loss(
     if settings.use_kl_loss and ref_logprobs is None:
         raise ValueError("trainer.algorithm.use_kl_loss is on but no ref_logprobs were given")
     plan = plan_loss(settings, normalizer, loss_mask, seq_ids, num_sequences)
-    chunk = token_chunk(hidden.shape[0], weight.shape[0], chunk_size)
+    # a chunk holds up to six fp32 [chunk, V_local] tensors at once (logits, exponentials, the gradient's terms)
+    chunk = token_chunk(hidden, weight, chunk_size, 6 * 4 * weight.shape[0])
     loss, totals = _VocabParallelChunkedLoss.apply(
         hidden, weight, targets, old_logprobs, advantages, ref_logprobs, plan, float(temperature), chunk,
         int(vocab_start), int(vocab_size), group,

@@ -15,16 +15,18 @@ from torch import Tensor
 from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.kernels.autograd import ChunkedLoss, ChunkLoss, backprop_chunk
 from rl.kernels.reference.policy_terms import loss_terms, metrics_dict, plan_loss
+from rl.kernels.sizing import device_of, loss_chunk_tokens
 
-# Logit elements per chunk (16 Mi fp32 = 64 MiB; at Qwen2's vocabulary 110 tokens): the token chunk is this divided
-# by the vocabulary size. Liger-Kernel's fused linear cross-entropy keeps its chunks smaller still.
-CHUNK_ELEMENTS = 1 << 24
+WORKSPACE_ROW_BYTES = 2 * 4
+"""Bytes per token and vocabulary entry of this file's chunk: two fp32 [chunk, V] buffers."""
 
 
-def token_chunk(num_tokens: int, vocab: int, chunk_size: int | None) -> int:
+def token_chunk(hidden: Tensor, weight: Tensor, chunk_size: int | None, row_bytes: int) -> int:
+    """Tokens per chunk: `chunk_size` when given, else chosen for the hidden states' device (`sizing`), a chunk
+    holding `row_bytes` per token."""
     if chunk_size is not None:
         return max(1, int(chunk_size))
-    return max(1, min(max(num_tokens, 1), CHUNK_ELEMENTS // vocab))
+    return loss_chunk_tokens(hidden.shape[0], weight.shape[0], row_bytes, device_of(hidden.device))
 
 
 def check_hidden(hidden: Tensor, weight: Tensor, targets: Tensor) -> None:
@@ -110,7 +112,7 @@ def chunked_token_logprobs(
 ) -> tuple[Tensor, Tensor]:
     """(logprob [N], entropy [N]) fp32 of softmax(hidden @ weight.T / T), differentiable w.r.t. hidden and weight."""
     check_hidden(hidden, weight, targets)
-    chunk = token_chunk(hidden.shape[0], weight.shape[0], chunk_size)
+    chunk = token_chunk(hidden, weight, chunk_size, WORKSPACE_ROW_BYTES * weight.shape[0])
     return _ChunkedLogprobs.apply(hidden, weight, targets, float(temperature), chunk)
 
 
@@ -159,7 +161,7 @@ def chunked_policy_loss(
     if settings.use_kl_loss and ref_logprobs is None:
         raise ValueError("trainer.algorithm.use_kl_loss is on but no ref_logprobs were given")
     plan = plan_loss(settings, normalizer, loss_mask, seq_ids, num_sequences)
-    chunk = token_chunk(hidden.shape[0], weight.shape[0], chunk_size)
+    chunk = token_chunk(hidden, weight, chunk_size, WORKSPACE_ROW_BYTES * weight.shape[0])
     with_entropy = (
         settings.use_entropy_loss if with_entropy is None else bool(with_entropy or settings.use_entropy_loss)
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rl.kernels.sizing import MAX_BLOCK_V, pack_block, row_block
 from rl.kernels.triton.logprobs_kernels import logprobs_bwd_kernel, logprobs_fwd_kernel
 from rl.kernels.triton.loss_kernels import fused_loss_kernel
 from rl.kernels.triton.packing_kernels import cu_seqlens_kernel, pack_kernel, position_ids_kernel, unpack_kernel
@@ -35,21 +36,26 @@ def _spec(name, fn, types, num_warps=4, **constexprs) -> KernelSpec:
     return KernelSpec(name, fn, _sig(fn, types, constexprs), constexprs, num_warps)
 
 
-def _packing(dtype: str, pad: str, block_d: int) -> list[KernelSpec]:
+ROW_BLOCK, ROW_WARPS = row_block(MAX_BLOCK_V)  # what a vocabulary of 4096 or more launches
+
+
+def _packing(dtype: str, pad: str, features: int) -> list[KernelSpec]:
+    """Pack and unpack for rows of `features` (1: a scalar per position; 64: hidden states)."""
     common = {"cu_ptr": "*i32", "width": "i32", "feat": "i32"}
+    rows, block_d = pack_block(features)
     return [
         _spec(
             f"pack_{dtype}",
             pack_kernel,
             {"padded_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", **common},
-            BLOCK_T=64,
+            BLOCK_T=rows,
             BLOCK_D=block_d,
         ),
         _spec(
             f"unpack_{dtype}",
             unpack_kernel,
             {"packed_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "pad_value": pad, **common},
-            BLOCK_T=64,
+            BLOCK_T=rows,
             BLOCK_D=block_d,
         ),
     ]
@@ -62,8 +68,8 @@ def _logprobs(dtype: str) -> list[KernelSpec]:
             f"logprobs_fwd_{dtype}",
             logprobs_fwd_kernel,
             {**row, "lp_ptr": "*fp32", "ent_ptr": "*fp32", "lse_ptr": "*fp32"},
-            num_warps=8,
-            BLOCK_V=4096,
+            num_warps=ROW_WARPS,
+            BLOCK_V=ROW_BLOCK,
         ),
         _spec(
             f"logprobs_bwd_{dtype}",
@@ -76,8 +82,8 @@ def _logprobs(dtype: str) -> list[KernelSpec]:
                 "gent_ptr": "*fp32",
                 "grad_ptr": f"*{dtype}",
             },
-            num_warps=8,
-            BLOCK_V=4096,
+            num_warps=ROW_WARPS,
+            BLOCK_V=ROW_BLOCK,
         ),
     ]
 
@@ -105,13 +111,13 @@ def _fused(dtype: str, policy: str, code: int, kl: int, with_terms: bool) -> Ker
         f"fused_loss_{policy}_{suffix}_{dtype}",
         fused_loss_kernel,
         types,
-        num_warps=8,
+        num_warps=ROW_WARPS,
         POLICY=code,
         KL=kl,
         HAS_REF=with_terms,
         USE_KL=with_terms,
         USE_ENT=with_terms,
-        BLOCK_V=4096,
+        BLOCK_V=ROW_BLOCK,
     )
 
 

@@ -11,20 +11,10 @@ from rl.core.algorithms import LossNormalizer, LossSettings
 from rl.kernels.autograd import FusedLoss, LossKernels, TokenLogprobs
 from rl.kernels.reference.packing import check_lengths
 from rl.kernels.reference.policy_terms import metrics_dict, plan_loss
+from rl.kernels.sizing import pack_block, row_block
 from rl.kernels.triton.logprobs_kernels import logprobs_bwd_kernel, logprobs_fwd_kernel
 from rl.kernels.triton.loss_kernels import fused_loss_kernel
 from rl.kernels.triton.packing_kernels import cu_seqlens_kernel, pack_kernel, position_ids_kernel, unpack_kernel
-
-MAX_BLOCK_V = 4096
-BLOCK_T = 64
-
-
-def _block_v(vocab: int) -> int:
-    return min(MAX_BLOCK_V, triton.next_power_of_2(max(vocab, 1)))
-
-
-def _block_d(feat: int) -> int:
-    return min(64, triton.next_power_of_2(max(feat, 1)))
 
 
 def _as_storage(t: Tensor) -> Tensor:
@@ -55,8 +45,9 @@ def pack(padded: Tensor, lengths: Tensor) -> Tensor:
     feat = padded[0, 0].numel() if padded.numel() else 1
     out = torch.empty((int(cu[-1]), *padded.shape[2:]), dtype=padded.dtype, device=padded.device)
     if out.numel():
-        pack_kernel[(batch, triton.cdiv(width, BLOCK_T))](
-            _as_storage(padded.contiguous()), _as_storage(out), cu, width, feat, BLOCK_T=BLOCK_T, BLOCK_D=_block_d(feat)
+        rows, block = pack_block(feat)
+        pack_kernel[(batch, triton.cdiv(width, rows))](
+            _as_storage(padded.contiguous()), _as_storage(out), cu, width, feat, BLOCK_T=rows, BLOCK_D=block
         )
     return out
 
@@ -68,15 +59,16 @@ def unpack(packed: Tensor, lengths: Tensor, width: int, pad_value: float = 0) ->
     feat = out[0, 0].numel() if out.numel() else 1
     pad = float(pad_value) if packed.dtype.is_floating_point else int(pad_value)
     if out.numel():
-        unpack_kernel[(lengths.numel(), triton.cdiv(width, BLOCK_T))](
+        rows, block = pack_block(feat)
+        unpack_kernel[(lengths.numel(), triton.cdiv(width, rows))](
             _as_storage(packed.contiguous()),
             _as_storage(out),
             cu,
             width,
             feat,
             pad,
-            BLOCK_T=BLOCK_T,
-            BLOCK_D=_block_d(feat),
+            BLOCK_T=rows,
+            BLOCK_D=block,
         )
     return out
 
@@ -85,8 +77,9 @@ def _forward(logits: Tensor, targets: Tensor, temperature: float):
     n, vocab = logits.shape
     lp, ent, lse = (torch.empty(n, dtype=torch.float32, device=logits.device) for _ in range(3))
     if n:
+        block, warps = row_block(vocab)
         logprobs_fwd_kernel[(n,)](
-            logits, targets, lp, ent, lse, vocab, logits.stride(0), 1.0 / temperature, BLOCK_V=_block_v(vocab)
+            logits, targets, lp, ent, lse, vocab, logits.stride(0), 1.0 / temperature, BLOCK_V=block, num_warps=warps
         )
     return lp, ent, lse
 
@@ -95,10 +88,10 @@ def _backward(logits: Tensor, targets: Tensor, temperature: float, lse, ent, gra
     grad = torch.empty_like(logits)
     n, vocab = logits.shape
     if n:
-        block = _block_v(vocab)
+        block, warps = row_block(vocab)
         logprobs_bwd_kernel[(n, triton.cdiv(vocab, block))](
             logits, targets, lse, ent, grad_lp, grad_ent, grad, vocab, logits.stride(0), 1.0 / temperature,
-            BLOCK_V=block,
+            BLOCK_V=block, num_warps=warps,
         )
     return grad
 
@@ -122,6 +115,7 @@ def _loss_forward(logits, targets, old, adv, ref, plan, temperature):
     grad = torch.empty_like(logits)
     if n:
         f32 = lambda t: t.to(torch.float32).contiguous()  # noqa: E731
+        block, warps = row_block(vocab)
         fused_loss_kernel[(n,)](
             logits,
             targets,
@@ -147,7 +141,8 @@ def _loss_forward(logits, targets, old, adv, ref, plan, temperature):
             HAS_REF=ref is not None,
             USE_KL=plan.use_kl,
             USE_ENT=plan.use_entropy,
-            BLOCK_V=_block_v(vocab),
+            BLOCK_V=block,
+            num_warps=warps,
         )
     return token_loss, metrics, grad
 

@@ -144,6 +144,23 @@ def test_fused_loss_at_scale(impl, name, dtype):
         assert_within(metrics[key], metrics0[key], value_gaps[key], f"{impl} {dtype} {key}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_product_accumulates_in_fp32_on_the_gpu(dtype):
+    """The chunked loss's weight-gradient accumulation: bf16 factors go through cuBLAS's fp32-output addmm into the
+    same buffer; the result is the exact product of their values added to `total`, within float32 rounding of the
+    K = 4096 terms (`matmul_gap`) and of the final addition."""
+    from rl.kernels.autograd import add_product
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(512, 4096, device="cuda", generator=g).to(dtype)
+    b = torch.randn(4096, 256, device="cuda", generator=g).to(dtype)
+    start = torch.randn(512, 256, device="cuda", generator=g)
+    total = start.clone()
+    assert add_product(total, a, b) is total and total.dtype == torch.float32
+    want = start.double() + a.double() @ b.double()
+    assert_within(total, want, matmul_gap(a, b) + want.abs() * 2.0**-24, f"{dtype} factors")
+
+
 def test_auto_dispatch_picks_a_gpu_kernel():
     from rl.kernels import ops
 
