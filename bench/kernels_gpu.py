@@ -1,21 +1,27 @@
 """GPU kernel benchmark: achieved memory bandwidth of every kernel (CUDA and Triton) as a fraction of the device's
-peak, and the fused GRPO loss (forward+backward) against eager torch and, when importable, Liger-Kernel.
+peak, and the fused GRPO loss (forward+backward; time and peak memory) against eager torch and, when importable,
+Liger-Kernel.
 
     bazel run //bench:kernels_gpu -- [--tokens 8192 --vocab 32768 --hidden 4096 --peak_gbps 3350] [--json FILE]
-    python -m bench.kernels_gpu --help
+        [--loss_shapes 4096x32768,16384x151936]
+    python -m bench.kernels_gpu --dry_run      # on a CPU: every path at a tiny size, Triton under its interpreter
 
-Needs a CUDA GPU (exits with a message otherwise). Peak bandwidth comes from --peak_gbps, else a table of known
-devices, else a measured device-to-device copy; the copy's bandwidth is printed too. Bytes per kernel are the
-compulsory traffic: logprobs forward reads the logits once, backward reads them and writes the gradient, the fused
-loss reads them twice (two passes) and writes the gradient, pack/unpack read and write the moved rows. Times are
-medians over CUDA-event-timed repeats after warm-up.
+Needs a CUDA GPU (exits with a message otherwise) unless --dry_run, which runs the same code on the CPU at a tiny
+size to catch a broken benchmark before device time is spent (its figures are not measurements). Peak bandwidth
+comes from --peak_gbps, else a table of known devices, else a measured device-to-device copy; the copy's bandwidth
+is printed too. Bytes per kernel are the compulsory traffic: logprobs forward reads the logits once, backward reads
+them and writes the gradient, the fused loss reads them twice (two passes) and writes the gradient, pack/unpack read
+and write the moved rows. Times are medians over CUDA-event-timed repeats after warm-up; peak memory is the
+allocator's peak during one call above what was allocated before it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -34,11 +40,22 @@ KNOWN_PEAK_GBPS = {
 }
 
 
+DEVICE = "cuda"
+"""Where the benchmark runs: "cpu" for --dry_run."""
+
+
 def timed_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
+    if DEVICE != "cuda":
+        repeats, warmup = 1, 0
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
+        if DEVICE != "cuda":
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -48,8 +65,29 @@ def timed_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
+def peak_mib(fn) -> float | str:
+    """MiB the allocator's peak rose above what was allocated before one call of `fn`."""
+    if DEVICE != "cuda":
+        return "n/a (cpu)"
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def measured(fn, repeats: int) -> tuple[float | str, float | str]:
+    """(ms, peak MiB) of `fn`, or its failure's reason in both cells (a row that cannot run says why)."""
+    try:
+        return timed_ms(fn, repeats=repeats), peak_mib(fn)
+    except (RuntimeError, ValueError) as err:
+        reason = f"n/a ({type(err).__name__}: {str(err).splitlines()[0][:160]})"
+        return reason, reason
+
+
 def copy_gbps() -> float:
-    x = torch.empty(1 << 29, dtype=torch.uint8, device="cuda")
+    x = torch.empty(1 << 29, dtype=torch.uint8, device=DEVICE)
     y = torch.empty_like(x)
     ms = timed_ms(lambda: y.copy_(x))
     return 2 * x.numel() / ms / 1e6
@@ -71,7 +109,9 @@ def _impls():
     from rl.kernels.triton import ops as triton_ops
 
     impls = {"triton": triton_ops}
-    if load() is not None:
+    if DEVICE != "cuda":
+        print("note: dry run: no CUDA rows (the extension takes CUDA tensors)")
+    elif load() is not None:
         impls["cuda"] = ext
     else:
         print("note: rl_kernels_cuda.so not built (bazel build //rl/kernels/cuda:rl_kernels_cuda.so): no CUDA rows")
@@ -81,29 +121,30 @@ def _impls():
 def bandwidth_rows(args, peak: float) -> list[list[object]]:
     from rl.core.algorithms import LossSettings
 
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=DEVICE).manual_seed(0)
     n, v = args.tokens, args.vocab
-    logits = torch.randn(n, v, device="cuda", generator=g, dtype=torch.bfloat16)
-    targets = torch.randint(0, v, (n,), device="cuda", generator=g)
-    lengths = torch.randint(1, 2049, (64,), device="cuda", generator=g, dtype=torch.int32)
-    padded = torch.randn(64, 2048, 1024, device="cuda", generator=g, dtype=torch.bfloat16)
+    logits = torch.randn(n, v, device=DEVICE, generator=g, dtype=torch.bfloat16)
+    targets = torch.randint(0, v, (n,), device=DEVICE, generator=g)
+    rows_, width, features = (64, 2048, 1024) if DEVICE == "cuda" else (4, 64, 64)  # the interpreter is slow
+    lengths = torch.randint(1, width + 1, (rows_,), device=DEVICE, generator=g, dtype=torch.int32)
+    padded = torch.randn(rows_, width, features, device=DEVICE, generator=g, dtype=torch.bfloat16)
     settings = LossSettings(use_kl_loss=True, kl_estimator_type="k3")
-    old, adv, ref = (torch.randn(n, device="cuda", generator=g) for _ in range(3))
-    mask = torch.ones(n, dtype=torch.bool, device="cuda")
-    normalizer = settings.normalizer(mask, seq_ids=torch.zeros(n, dtype=torch.long, device="cuda"), num_sequences=1)
-    seq_ids = torch.zeros(n, dtype=torch.long, device="cuda")
+    old, adv, ref = (torch.randn(n, device=DEVICE, generator=g) for _ in range(3))
+    mask = torch.ones(n, dtype=torch.bool, device=DEVICE)
+    normalizer = settings.normalizer(mask, seq_ids=torch.zeros(n, dtype=torch.long, device=DEVICE), num_sequences=1)
+    seq_ids = torch.zeros(n, dtype=torch.long, device=DEVICE)
     rows = []
     elem = logits.element_size()
-    moved = int(lengths.sum()) * 1024 * padded.element_size()
+    moved = int(lengths.sum()) * features * padded.element_size()
     for name, impl in _impls().items():
         packed = impl.pack(padded, lengths)
         lp_ent = lambda impl=impl: impl.token_logprobs_entropy(logits, targets)  # noqa: E731
         leaf = logits.detach().requires_grad_()
         out = impl.token_logprobs_entropy(leaf, targets)
-        grads = (torch.ones(n, device="cuda"), torch.ones(n, device="cuda"))
+        grads = (torch.ones(n, device=DEVICE), torch.ones(n, device=DEVICE))
         cases = [
             ("pack", lambda impl=impl: impl.pack(padded, lengths), 2 * moved),
-            ("unpack", lambda impl=impl, packed=packed: impl.unpack(packed, lengths, 2048), 2 * moved),
+            ("unpack", lambda impl=impl, packed=packed: impl.unpack(packed, lengths, width), 2 * moved),
             ("logprobs fwd", lp_ent, n * v * elem),
             (
                 "logprobs bwd",
@@ -134,20 +175,22 @@ def bandwidth_rows(args, peak: float) -> list[list[object]]:
     return rows
 
 
-def loss_rows(args) -> list[list[object]]:
-    """Fused loss forward+backward from logits (ours vs eager), and from hidden states (chunked vs Liger)."""
+def loss_rows(args, tokens: int, vocab: int) -> list[list[object]]:
+    """Fused loss forward+backward from logits (ours vs eager), and from hidden states (chunked vs eager and Liger),
+    at `tokens` x `vocab`: [path, implementation, ms, peak MiB] per row."""
     from rl.core.algorithms import LossSettings, compute_policy_loss
     from rl.kernels import ops
+    from rl.kernels.reference.chunked import token_chunk
 
-    g = torch.Generator(device="cuda").manual_seed(1)
-    n, v, h = args.tokens, args.vocab, args.hidden
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    n, v, h = tokens, vocab, args.hidden
     settings = LossSettings(use_kl_loss=True, kl_estimator_type="k3", kl_loss_coef=0.01)
-    logits = torch.randn(n, v, device="cuda", generator=g, dtype=torch.bfloat16)
-    targets = torch.randint(0, v, (n,), device="cuda", generator=g)
-    old, ref = (torch.randn(n, device="cuda", generator=g) * 0.1 - 10.4 for _ in range(2))
-    adv = torch.randn(n, device="cuda", generator=g)
-    mask = torch.ones(n, dtype=torch.bool, device="cuda")
-    seq_ids = torch.arange(n, device="cuda") // args.seq_len
+    logits = torch.randn(n, v, device=DEVICE, generator=g, dtype=torch.bfloat16)
+    targets = torch.randint(0, v, (n,), device=DEVICE, generator=g)
+    old, ref = (torch.randn(n, device=DEVICE, generator=g) * 0.1 - 10.4 for _ in range(2))
+    adv = torch.randn(n, device=DEVICE, generator=g)
+    mask = torch.ones(n, dtype=torch.bool, device=DEVICE)
+    seq_ids = torch.arange(n, device=DEVICE) // args.seq_len
     num_seqs = n // args.seq_len
     normalizer = settings.normalizer(mask, seq_ids=seq_ids, num_sequences=num_seqs)
     common = dict(ref_logprobs=ref, seq_ids=seq_ids, num_sequences=num_seqs)
@@ -166,14 +209,14 @@ def loss_rows(args) -> list[list[object]]:
 
         return run
 
-    rows = [["logits -> loss", "eager torch", timed_ms(eager)]]
-    for kernels in ("triton", "cuda"):
-        try:
-            rows.append(["logits -> loss", f"fused {kernels}", timed_ms(fused(kernels))])
-        except RuntimeError as err:
-            rows.append(["logits -> loss", f"fused {kernels}", f"n/a ({err})"])
-    hidden = torch.randn(n, h, device="cuda", generator=g, dtype=torch.bfloat16) * 0.5
-    weight = torch.randn(v, h, device="cuda", generator=g, dtype=torch.bfloat16) / h**0.5
+    path = f"logits -> loss, {n} x {v}"
+    rows = [[path, "eager torch", *measured(eager, 20)]]
+    rows += [[path, f"fused {kernels}", *measured(fused(kernels), 20)] for kernels in ("triton", "cuda")]
+    logits = None  # freed: the hidden-state paths' peaks are measured without it
+    hidden = torch.randn(n, h, device=DEVICE, generator=g, dtype=torch.bfloat16) * 0.5
+    weight = torch.randn(v, h, device=DEVICE, generator=g, dtype=torch.bfloat16) / h**0.5
+    chunk = token_chunk(hidden, weight, None, 2 * hidden.element_size() * v)
+    print(f"chunked loss at {n} x {v}: chunks of {chunk} tokens ({-(-n // chunk)} chunks)")
 
     def chunked():
         hl, wl = hidden.detach().requires_grad_(), weight.detach().requires_grad_()
@@ -184,20 +227,25 @@ def loss_rows(args) -> list[list[object]]:
         lp = torch.log_softmax((hl @ wl.T).float(), -1).gather(1, targets[:, None]).squeeze(1)
         compute_policy_loss(settings, lp, old, adv, mask, normalizer, **common)[0].backward()
 
-    rows.append(["hidden -> loss", "eager torch", timed_ms(eager_linear, repeats=5)])
-    rows.append(["hidden -> loss", "chunked (rl.kernels)", timed_ms(chunked, repeats=5)])
-    rows.append(["hidden -> loss", "Liger GRPO", liger_ms(hidden, weight, targets, adv, old, ref, args)])
+    path = f"hidden -> loss, {n} x {v} x {h}"
+    rows.append([path, "eager torch", *measured(eager_linear, 5)])
+    rows.append([path, f"chunked (rl.kernels, {chunk} tokens a chunk)", *measured(chunked, 5)])
+    rows.append([path, "Liger GRPO", *liger(hidden, weight, targets, adv, old, ref, args)])
     return rows
 
 
-def liger_ms(hidden, weight, targets, adv, old, ref, args):
+def liger(hidden, weight, targets, adv, old, ref, args) -> tuple[float | str, float | str]:
+    """(ms, peak MiB) of Liger-Kernel's fused linear GRPO loss on the same tokens, one sequence a chunk (its
+    default), or why it could not run."""
     try:
         from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
     except ImportError as err:
-        return f"n/a (liger-kernel not importable: {err})"
-    b = args.tokens // args.seq_len
+        reason = f"n/a (liger-kernel not importable: {err})"
+        return reason, reason
+    b = hidden.shape[0] // args.seq_len
     shape = (b, args.seq_len)
-    loss_fn = LigerFusedLinearGRPOLoss(beta=0.01, use_ref_model=True)
+    # compiled on a GPU, as its users run it; eager on the CPU of a dry run (no compiler needed)
+    loss_fn = LigerFusedLinearGRPOLoss(beta=0.01, use_ref_model=True, compiled=DEVICE == "cuda")
 
     def run():
         hl, wl = hidden.detach().view(*shape, -1).requires_grad_(), weight.detach().requires_grad_()
@@ -205,7 +253,7 @@ def liger_ms(hidden, weight, targets, adv, old, ref, args):
             hl,
             wl,
             targets.view(shape),
-            torch.ones(shape, device="cuda"),
+            torch.ones(shape, device=DEVICE),
             adv.view(shape)[:, 0],
             ref_per_token_logps=ref.view(shape),
             old_per_token_logps=old.view(shape),
@@ -213,62 +261,99 @@ def liger_ms(hidden, weight, targets, adv, old, ref, args):
         (out[0] if isinstance(out, tuple) else out).backward()
 
     try:
-        return timed_ms(run, repeats=5)
+        return timed_ms(run, repeats=5), peak_mib(run)
     except Exception as err:  # the Liger API moves between versions: report, don't fail the benchmark
-        return f"n/a ({type(err).__name__}: {err})"
+        reason = f"n/a ({type(err).__name__}: {str(err).splitlines()[0][:160]})"
+        return reason, reason
+
+
+def loss_shapes(text: str | None, tokens: int, vocab: int) -> list[tuple[int, int]]:
+    """"4096x32768,16384x151936" -> [(4096, 32768), (16384, 151936)]; without it, --tokens x --vocab."""
+    if not text:
+        return [(tokens, vocab)]
+    shapes = []
+    for part in text.split(","):
+        n, _, v = part.strip().partition("x")
+        if not (n.isdigit() and v.isdigit()):
+            raise SystemExit(f"--loss_shapes: '{part}' is not TOKENSxVOCAB (e.g. 16384x151936)")
+        shapes.append((int(n), int(v)))
+    return shapes
+
+
+DRY_RUN = {"tokens": 256, "vocab": 512, "hidden": 64, "seq_len": 64}
+"""The sizes of --dry_run (the Triton interpreter runs a program at a time)."""
 
 
 def main(argv=None) -> int:
+    global DEVICE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--seq_len", type=int, default=1024)
+    parser.add_argument("--loss_shapes", default=None,
+                        help="TOKENSxVOCAB,... for the loss tables (default: --tokens x --vocab)")
     parser.add_argument("--peak_gbps", type=float, default=None, help="device peak memory bandwidth in GB/s")
     parser.add_argument("--json", default=None, help="also write every figure to this JSON file")
+    parser.add_argument("--dry_run", action="store_true",
+                        help="run every path on the CPU at a tiny size (Triton interpreted); figures not measured")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench/kernels_gpu.py needs a CUDA GPU and none is visible; on CPU run bench/kernels_cpu_memory.py")
+    if args.dry_run:
+        DEVICE = "cpu"
+        os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels' modules are first imported, below
+        for key, value in DRY_RUN.items():
+            setattr(args, key, value)
+        args.loss_shapes = f"{DRY_RUN['tokens']}x{DRY_RUN['vocab']}"
+        print("dry run on the CPU: every path at a tiny size; the figures are not measurements")
+    elif not torch.cuda.is_available():
+        print("bench/kernels_gpu.py needs a CUDA GPU and none is visible; on CPU run bench/kernels_cpu_memory.py "
+              "(or this script with --dry_run, to check that it runs)")
         return 2
-    measured = copy_gbps()
-    peak, source = peak_gbps(args.peak_gbps, measured)
-    print(
-        f"{torch.cuda.get_device_name()}: peak {peak:.0f} GB/s ({source}); device copy {measured:.0f} GB/s "
-        f"({measured / peak:.0%} of peak)"
-    )
+    shapes = loss_shapes(args.loss_shapes, args.tokens, args.vocab)
+    if DEVICE == "cuda":
+        copy = copy_gbps()
+        peak, source = peak_gbps(args.peak_gbps, copy)
+        print(f"{torch.cuda.get_device_name()}: peak {peak:.0f} GB/s ({source}); device copy {copy:.0f} GB/s "
+              f"({copy / peak:.0%} of peak)")
+    else:
+        copy, peak, source = float("nan"), args.peak_gbps or 1.0, "dry run"
     bandwidth = bandwidth_rows(args, peak)
     print(format_table(["op", "impl", "ms", "GB/s", "of peak"], bandwidth))
     print("goal: >= 70% of peak for the memory-bound kernels")
-    rows = loss_rows(args)
-    base = {row[0]: row[2] for row in rows if row[1] == "eager torch"}
-    table = [[*row, f"{base[row[0]] / row[2]:.2f}x" if isinstance(row[2], float) else "-"] for row in rows]
-    print(format_table(["path", "impl", "ms fwd+bwd", "speed-up vs eager"], table))
+    rows = [row for tokens, vocab in shapes for row in loss_rows(args, tokens, vocab)]
+    base = {row[0]: row for row in rows if row[1] == "eager torch"}
+    table = [[*row, *against(row, base[row[0]])] for row in rows]
+    print(format_table(["path", "impl", "ms fwd+bwd", "peak MiB", "speed-up vs eager", "memory / eager"], table))
     if args.json:
-        write_json(args, measured, peak, source, bandwidth, rows, base)
+        write_json(args, copy, peak, source, bandwidth, table)
     return 0
 
 
-def write_json(args, measured, peak, source, bandwidth, rows, base) -> None:
+def against(row: list[object], eager: list[object]) -> list[str]:
+    """(speed-up over eager, peak memory as a fraction of eager's) of a loss row, "-" where either is missing."""
+    ratio = lambda a, b: a / b if isinstance(a, float) and isinstance(b, float) and b > 0 else None  # noqa: E731
+    speedup, memory = ratio(eager[2], row[2]), ratio(row[3], eager[3])
+    return [f"{speedup:.2f}x" if speedup else "-", f"{memory:.2f}" if memory else "-"]
+
+
+def write_json(args, copy, peak, source, bandwidth, table) -> None:
     """The figures printed above, for reports: n/a cells stay strings (their reason)."""
     import json
 
     import triton
 
     figures = {
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)",
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "triton": triton.__version__,
-        "config": {k: v for k, v in vars(args).items() if k != "json"},
+        "config": {k: v for k, v in vars(args).items() if k not in ("json", "dry_run")},
         "peak_gbps": peak,
         "peak_source": source,
-        "copy_gbps": measured,
+        "copy_gbps": copy,
         "bandwidth": [dict(zip(("op", "impl", "ms", "gbps", "of_peak"), row, strict=True)) for row in bandwidth],
-        "loss": [
-            {"path": row[0], "impl": row[1], "ms": row[2],
-             "speedup_vs_eager": base[row[0]] / row[2] if isinstance(row[2], float) else None}
-            for row in rows
-        ],
+        "loss": [dict(zip(("path", "impl", "ms", "peak_mib", "speedup_vs_eager", "memory_vs_eager"), row,
+                          strict=True)) for row in table],
     }
     with open(args.json, "w") as f:
         json.dump(figures, f, indent=1)

@@ -9,7 +9,7 @@
 #     OUT=/some/dir bash tools/gpu/acceptance.sh --bare --wheels DIR
 #
 # What the folder holds: wheels of ray's, deepspeed's and megatron-core's missing dependencies; megatron-core's
-# wheel; deepspeed's and antlr4's source archives (they publish no wheels; pure Python, installed with the
+# wheel; Liger-Kernel's (the peer bench/kernels_gpu.py measures the chunked loss against); deepspeed's and antlr4's source archives (they publish no wheels; pure Python, installed with the
 # machine's setuptools); and ray as a tar.xz of its installed tree without what a training run never loads (the
 # Java jars, the dashboard's web client, RLlib): 29 MiB instead of a 76 MiB wheel, so the folder fits in one 60 MiB
 # transfer (GPU_WHEELS_LIMIT_MIB). Where it does not, its files are split into DIR/part1, DIR/part2, ..., each within
@@ -81,6 +81,8 @@ TAG=cp${PYVER/./}
 WHEELS=(megatron-core jsonschema jsonschema-specifications referencing rpds-py hjson pydantic pydantic-core
   annotated-types typing-inspection omegaconf)
 SDISTS=(deepspeed antlr4-python3-runtime)
+# Not ours to depend on: the peer bench/kernels_gpu.py compares the chunked loss with (pure Python and Triton)
+PEERS=(liger-kernel==0.8.5)
 
 pinned() {  # name -> name==version from the lock
   local line
@@ -102,6 +104,7 @@ done
 specs=()
 for name in "${SDISTS[@]}"; do specs+=("$(pinned "$name")"); done
 "${PIP[@]}" download -q --no-deps --no-binary=:all: -d "$DIR" "${specs[@]}"
+"${PIP[@]}" download -q --no-deps --only-binary=:all: -d "$DIR" "${PEERS[@]}"
 
 ray=$(pinned ray)
 tmp=$(mktemp -d)
