@@ -323,17 +323,18 @@ def main(argv=None) -> int:
     rows = [row for tokens, vocab in shapes for row in loss_rows(args, tokens, vocab)]
     base = {row[0]: row for row in rows if row[1] == "eager torch"}
     table = [[*row, *against(row, base[row[0]])] for row in rows]
-    print(format_table(["path", "impl", "ms fwd+bwd", "peak MiB", "speed-up vs eager", "memory / eager"], table))
+    shown = [[*row[:4], "-" if row[4] is None else f"{row[4]:.2f}x", "-" if row[5] is None else f"{row[5]:.2f}"]
+             for row in table]
+    print(format_table(["path", "impl", "ms fwd+bwd", "peak MiB", "speed-up vs eager", "memory / eager"], shown))
     if args.json:
         write_json(args, copy, peak, source, bandwidth, table)
     return 0
 
 
-def against(row: list[object], eager: list[object]) -> list[str]:
-    """(speed-up over eager, peak memory as a fraction of eager's) of a loss row, "-" where either is missing."""
+def against(row: list[object], eager: list[object]) -> list[float | None]:
+    """[speed-up over eager, peak memory as a fraction of eager's] of a loss row, None where a figure is missing."""
     ratio = lambda a, b: a / b if isinstance(a, float) and isinstance(b, float) and b > 0 else None  # noqa: E731
-    speedup, memory = ratio(eager[2], row[2]), ratio(row[3], eager[3])
-    return [f"{speedup:.2f}x" if speedup else "-", f"{memory:.2f}" if memory else "-"]
+    return [ratio(eager[2], row[2]), ratio(row[3], eager[3])]
 
 
 def write_json(args, copy, peak, source, bandwidth, table) -> None:

@@ -46,7 +46,9 @@ PYTHON=${PYTHON:-python3}
 BAZEL=${BAZEL:-$REPO/bazelw}
 FILE_CAP_S=${GPU_ACCEPTANCE_FILE_CAP_S:-300}  # one test file at most
 TEST_TIMEOUT_S=${GPU_ACCEPTANCE_TEST_TIMEOUT_S:-240}  # one test at most (pytest-timeout)
-BENCH_ARGS=${GPU_ACCEPTANCE_BENCH_ARGS:---tokens 4096 --vocab 32768 --hidden 2048 --seq_len 1024}
+# the loss at the issue's two ends: a small vocabulary, and 16k tokens x Qwen2's 152k vocabulary
+BENCH_ARGS=${GPU_ACCEPTANCE_BENCH_ARGS:---tokens 4096 --vocab 32768 --hidden 4096 --seq_len 1024 \
+--loss_shapes 4096x32768,16384x151936}
 # The memory planner against the CUDA allocator; the launcher on the GPU through each strategy, bf16, HF engine.
 PLAN_ARGS=${GPU_ACCEPTANCE_PLAN_ARGS:---model 0.5b}
 STRATEGIES_ARGS=${GPU_ACCEPTANCE_STRATEGIES_ARGS:---model_size 0.5b --steps 4 --prompts_per_step 16 \
@@ -375,7 +377,7 @@ run_all() {  # the steps, each recorded for the report; through Bazel, a benchma
   [[ $MODE == bazel ]] && bazel=1
   run_step versions versions
   ((bazel)) || run_step build build
-  bench_step "$has_gpu" kernels_gpu figures kernels_gpu $((bazel ? 600 : 180)) $BENCH_ARGS \
+  bench_step "$has_gpu" kernels_gpu figures kernels_gpu $((bazel ? 600 : 240)) $BENCH_ARGS \
     --json "$OUT/kernels_gpu.json"
   if ((bazel)); then
     run_step tests bazel_tests

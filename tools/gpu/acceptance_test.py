@@ -157,8 +157,10 @@ def test_the_report_from_bazels_event_stream_shows_every_result_figure_and_what_
         "config": {"tokens": 4096, "vocab": 32768}, "peak_gbps": 3350.0, "peak_source": "spec", "copy_gbps": 2941.2,
         "bandwidth": [{"op": "pack", "impl": "triton", "ms": 0.234, "gbps": 1123.4, "of_peak": 0.335},
                       {"op": "pack", "impl": "cuda", "ms": "n/a (no extension)", "gbps": "-", "of_peak": "-"}],
-        "loss": [{"path": "logits -> loss", "impl": "eager torch", "ms": 2.467, "speedup_vs_eager": 1.0},
-                 {"path": "logits -> loss", "impl": "fused triton", "ms": 0.836, "speedup_vs_eager": 2.951}]}))
+        "loss": [{"path": "logits -> loss", "impl": "eager torch", "ms": 2.467, "peak_mib": 3250.0,
+                  "speedup_vs_eager": 1.0, "memory_vs_eager": 1.0},
+                 {"path": "logits -> loss", "impl": "fused triton", "ms": 0.836, "peak_mib": 812.5,
+                  "speedup_vs_eager": 2.951, "memory_vs_eager": 0.25}]}))
     (out / "strategies.txt").write_text("strategy  s/step\n--------  ------\nfsdp2      0.412\n")
     written = _tools("tools/gpu/report.py", str(out), str(work))
     assert written.returncode == 0, written.stderr
@@ -168,7 +170,7 @@ def test_the_report_from_bazels_event_stream_shows_every_result_figure_and_what_
     assert "Device-to-device copy 2,941 GB/s" in report
     assert "| pack | triton | 0.234 | 1,123 | 0.335 |" in report
     assert "| pack | cuda | n/a (no extension) | - | - |" in report
-    assert "| logits -> loss | fused triton | 0.836 | 2.95x |" in report
+    assert "| logits -> loss | fused triton | 0.836 | 812 | 2.95x | 0.25 |" in report
     assert "6 tests in 4 files or targets: 2 passed, 3 failed, 1 skipped." in report
     assert "`//tests/rl/backends:test_bf16::test_step[fsdp]`: AssertionError: loss 0.51 vs 0.49" in report
     assert "`//tests/rl/trainer:test_train_gpu::no_report`: Bazel reports TIMEOUT and no test report" in report

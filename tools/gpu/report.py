@@ -63,9 +63,11 @@ def _kernels(path: str) -> list[str]:
              f"{_cell(figures.get('peak_gbps'))} GB/s ({figures.get('peak_source')}).", ""]
     lines += _table(["op", "implementation", "ms", "GB/s", "of peak"],
                     [[r["op"], r["impl"], r["ms"], r["gbps"], r["of_peak"]] for r in figures.get("bandwidth", [])])
-    lines += _table(["loss path", "implementation", "ms (fwd+bwd)", "speed-up over eager"],
-                    [[r["path"], r["impl"], r["ms"],
-                      f"{r['speedup_vs_eager']:.2f}x" if r.get("speedup_vs_eager") else "-"]
+    lines += _table(["loss path", "implementation", "ms (fwd+bwd)", "peak MiB", "speed-up over eager",
+                     "peak memory / eager"],
+                    [[r["path"], r["impl"], r["ms"], r.get("peak_mib", "-"),
+                      f"{r['speedup_vs_eager']:.2f}x" if r.get("speedup_vs_eager") else "-",
+                      f"{r['memory_vs_eager']:.2f}" if r.get("memory_vs_eager") else "-"]
                      for r in figures.get("loss", [])])
     return lines
 
