@@ -23,6 +23,13 @@ def test_bad_config_names_the_key(case: Bad):
     assert isinstance(info.value, ValueError)
 
 
+def test_a_rule_refusal_is_one_whole_line():
+    """A value rule's line word for word: the key, the value, the requirement; no suggestion added to a number."""
+    with pytest.raises(ConfigError) as info:
+        load_config(["trainer.algorithm.clip_ratio_c=1.0"])
+    assert info.value.problems == ["trainer.algorithm.clip_ratio_c: got 1.0; set it to a number > 1"]
+
+
 def test_all_problems_are_reported_together_one_line_each():
     with pytest.raises(ConfigError) as info:
         load_config(
@@ -129,6 +136,8 @@ def test_wrong_types_in_a_file_are_named(tmp_path):
             id="reinforce_pp_one_sample",
         ),
         pytest.param(["generator.eval_temperature=0"], id="greedy_eval"),
+        pytest.param(["trainer.policy.optimizer_config.betas=[0.0, 0.999]"], id="beta_of_zero"),
+        pytest.param(["data.val_split_size=1.0"], id="one_validation_row"),
     ],
 )
 def test_valid_layouts_are_accepted(overrides):

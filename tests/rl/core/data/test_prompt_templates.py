@@ -124,3 +124,9 @@ def test_relative_paths_are_read_from_the_working_directory(tmp_path, monkeypatc
 def test_defaults_are_null():
     cfg = load_config([])
     assert (cfg.data.prompt_template_file, cfg.data.system_prompt_file) == (None, None)
+
+
+def test_a_system_prompt_needs_no_placeholder(files):
+    """Only the template must hold its one `{}`: a system prompt without one loads as it is."""
+    cfg = load_config([f"data.system_prompt_file={files[1]}"])
+    assert cfg.data.system_prompt_file == files[1]
