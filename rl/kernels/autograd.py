@@ -16,6 +16,7 @@ how gradients are saved, scaled or returned:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -97,15 +98,28 @@ def backprop_chunk(grad_logits: Tensor, hidden_c: Tensor, weight: Tensor, grad_w
 def add_product(total: Tensor, a: Tensor, b: Tensor) -> Tensor:
     """total += a @ b, in place, `total` fp32. With bf16 or fp16 factors on a GPU the matmul runs in their dtype on
     the tensor cores with an fp32 result (cuBLAS's output-dtype addmm): upcasting them instead would run an fp32
-    matmul, an order of magnitude slower, over the whole [V, H] weight per chunk. Elsewhere the factors are upcast
-    (exact) and multiplied in fp32."""
-    if a.dtype != total.dtype and total.is_cuda and _has_fp32_out_addmm():
-        return torch.addmm(total, a, b, out_dtype=total.dtype, out=total)
+    matmul, an order of magnitude slower, over the whole [V, H] weight per chunk. Where this torch lacks that addmm,
+    the product is rounded once to the factors' dtype and added in fp32. Off the GPU the factors are upcast (exact)
+    and multiplied in fp32."""
+    if a.dtype != total.dtype and total.is_cuda:
+        if fp32_out_addmm(total.device):
+            return torch.addmm(total, a, b, out_dtype=total.dtype, out=total)
+        return total.add_(a @ b)
     return total.addmm_(a.to(total.dtype), b.to(total.dtype))
 
 
-def _has_fp32_out_addmm() -> bool:
-    return hasattr(torch.ops.aten.addmm, "dtype_out")
+@functools.cache
+def fp32_out_addmm(device: torch.device) -> bool:
+    """Whether this torch's addmm on `device` adds bf16 factors' fp32 product into its own fp32 input (tried once,
+    on a 2 x 2 product)."""
+    if not hasattr(torch.ops.aten.addmm, "dtype_out"):
+        return False
+    try:
+        total, ones = torch.ones(2, 2, device=device), torch.ones(2, 2, dtype=torch.bfloat16, device=device)
+        torch.addmm(total, ones, ones, out_dtype=torch.float32, out=total)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return bool((total == 3).all())
 
 
 class ChunkedLoss(torch.autograd.Function):

@@ -149,8 +149,9 @@ def test_add_product_accumulates_in_fp32_on_the_gpu(dtype):
     """The chunked loss's weight-gradient accumulation: bf16 factors go through cuBLAS's fp32-output addmm into the
     same buffer; the result is the exact product of their values added to `total`, within float32 rounding of the
     K = 4096 terms (`matmul_gap`) and of the final addition."""
-    from rl.kernels.autograd import add_product
+    from rl.kernels.autograd import add_product, fp32_out_addmm
 
+    assert fp32_out_addmm(torch.device("cuda")), "this torch has no fp32-output addmm: add_product rounds to bf16"
     g = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(512, 4096, device="cuda", generator=g).to(dtype)
     b = torch.randn(4096, 256, device="cuda", generator=g).to(dtype)
