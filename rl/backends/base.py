@@ -298,7 +298,7 @@ class TrainingBackend(abc.ABC):
             loss, metrics = compute_policy_loss(
                 settings, logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, normalizer,
                 ref_logprobs=batch.ref_logprobs, entropy=entropy, seq_ids=batch.token_seq_ids(),
-                num_sequences=batch.num_sequences,
+                num_sequences=batch.num_sequences, rollout_logprobs=batch.rollout_logprobs,
             )
         # A rank with no sequences still runs forward/backward so its collectives stay in step with the others.
         self.backward((loss if real else loss * 0.0) * gradient_scale(self.sp), last_micro_batch)

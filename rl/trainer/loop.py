@@ -62,8 +62,13 @@ class Trainer:
         self.prompts = PromptEncoder(self.tokenizer, cfg.generator.max_prompt_length, cfg.data.truncation,
                                      processor=components.image_processor(self.model_path))
         self.episodes = Episodes.from_config(cfg, self.tokenizer, self.model_path)
-        self.settings, self.value_settings = loss_settings(cfg)
         self.kl_in_reward = KLInReward(cfg.trainer.algorithm) if cfg.trainer.algorithm.use_kl_in_reward else None
+        # the KL in the reward needs the policy's logprobs before the update: the old-logprob pass always runs
+        # exact on-policy: the engine's logprobs are the trainer's, so they are the old ones (`anchor_on_rollout`)
+        self.on_policy = cfg.trainer.exact_on_policy or (self.kl_in_reward is None and skips_old_logprob_pass(
+            cfg, is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size,
+                              cfg.trainer.update_epochs_per_batch)))
+        self.settings, self.value_settings = loss_settings(cfg, self.on_policy)
         clock.mark("data")
         # an environment's step rewards replace data.reward_fn
         self.rewards = None if self.episodes is not None else RewardScorer(
@@ -93,11 +98,6 @@ class Trainer:
         self.critic_pass = ((self.critic_workers, micro_batching(cfg, self.critic_workers.dp_size, pad, train=False))
                             if self.value_settings is not None else None)
         self.critic_train_batching = micro_batching(cfg, self.critic_workers.dp_size, pad, train=True)
-        # the KL in the reward needs the policy's logprobs before the update: the old-logprob pass always runs
-        # exact on-policy: the engine's logprobs are the trainer's, so they are the old ones (`anchor_on_rollout`)
-        self.on_policy = cfg.trainer.exact_on_policy or (self.kl_in_reward is None and skips_old_logprob_pass(
-            cfg, is_on_policy(cfg.trainer.train_batch_size, cfg.trainer.policy_mini_batch_size,
-                              cfg.trainer.update_epochs_per_batch)))
         self.ckpt_root = checkpoint.root_of(cfg, run_dir)
         self.metrics = MetricsLogger(run_dir, list(cfg.trainer.logger), cfg.trainer.project_name,
                                      cfg.trainer.run_name, config_to_dict(cfg))

@@ -13,12 +13,14 @@ from rl.trainer.experience import Experience
 from rl.trainer.workers.worker_group import WorkerGroup
 
 
-def loss_settings(cfg) -> tuple[LossSettings, ValueLossSettings | None]:
-    """The policy's loss settings (measuring the first mini-batch's gap to the engine's logprobs with
-    trainer.exact_on_policy) and, with GAE, the critic's."""
+def loss_settings(cfg, on_policy: bool = False) -> tuple[LossSettings, ValueLossSettings | None]:
+    """The policy's loss settings and, with GAE, the critic's. The policy's measure the first mini-batch's gap to
+    the engine's logprobs: with trainer.exact_on_policy as `exact_logprob_gap`; where the on-policy shortcut
+    (`on_policy`) skips the old-logprob pass, the gap that pass would have measured."""
     algorithm = cfg.trainer.algorithm
-    policy = dataclasses.replace(LossSettings.from_config(algorithm, cfg.generator),
-                                 measure_logprob_gap=cfg.trainer.exact_on_policy)
+    exact = cfg.trainer.exact_on_policy
+    policy = dataclasses.replace(LossSettings.from_config(algorithm, cfg.generator), measure_logprob_gap=exact,
+                                 measure_rollout_gap=on_policy and not exact)
     critic = ValueLossSettings.from_config(algorithm, cfg.generator) if algorithm.advantage_estimator == "gae" else None
     return policy, critic
 

@@ -269,7 +269,7 @@ class MegatronBackend(TrainingBackend):
                 loss, metrics = compute_policy_loss(
                     settings, lp, batch.old_logprobs, batch.advantages, batch.loss_mask, normalizer,
                     ref_logprobs=batch.ref_logprobs, entropy=ent, seq_ids=batch.token_seq_ids(),
-                    num_sequences=batch.num_sequences)
+                    num_sequences=batch.num_sequences, rollout_logprobs=batch.rollout_logprobs)
             report = {name: float(value) for name, value in metrics.items()} if real[i] else {}
             report["loss"] = float(loss.detach()) / normalizer.dp_world_size if real[i] else 0.0
             # The loss is already this micro-batch's share of the mini-batch loss (normalised by the plan over every

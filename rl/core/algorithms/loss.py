@@ -54,6 +54,11 @@ LOGPROB_GAP = "exact_logprob_gap"
 trainer.exact_on_policy, where the old logprobs are the engine's, 0.0 on the first mini-batch exactly when the
 trainer's arithmetic matched the engine's."""
 
+ROLLOUT_GAP = "rollout_logprob_abs_diff_mean"
+"""The token mean of |trainer logprob - engine logprob| over the loss tokens: measured by the old-logprob pass
+(`off_policy.mismatch_metrics`), or, where the on-policy shortcut skips that pass, by the update's own forward
+(`LossSettings.measure_rollout_gap`), which holds the same weights."""
+
 
 @dataclass(frozen=True)
 class LossSettings:
@@ -79,6 +84,7 @@ class LossSettings:
     kl_cov_frac: float = 0.2
     ppo_kl_coef: float = 1.0
     measure_logprob_gap: bool = False  # trainer.exact_on_policy: report LOGPROB_GAP
+    measure_rollout_gap: bool = False  # the on-policy shortcut (no old-logprob pass): report ROLLOUT_GAP
 
     def __post_init__(self) -> None:
         _check_choice(POLICY_LOSSES, "trainer.algorithm.policy_loss_type", self.policy_loss_type)
@@ -187,6 +193,7 @@ def compute_policy_loss(
     entropy: Tensor | None = None,
     seq_ids: Tensor | None = None,
     num_sequences: int | None = None,
+    rollout_logprobs: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Micro-batch loss ``reduce(pg + kl_loss_coef * kl - entropy_loss_coef * entropy) * dp_world_size``.
 
@@ -199,7 +206,8 @@ def compute_policy_loss(
 
     ``old_logprobs=None`` means on-policy: the weights being trained are the ones that were just evaluated for
     this batch (one optimizer step per rollout batch), so the old logprobs are ``logprobs.detach()`` and the ratio
-    is exactly 1, which saves the separate old-logprob forward pass.
+    is exactly 1, which saves the separate old-logprob forward pass. The engine's `rollout_logprobs` then give the
+    trainer-vs-engine gap (ROLLOUT_GAP, with `settings.measure_rollout_gap`) that pass would have measured.
     """
     if old_logprobs is None:
         old_logprobs = logprobs.detach()
@@ -238,4 +246,7 @@ def compute_policy_loss(
     if settings.measure_logprob_gap:  # the training forward against the engine's logprobs (exact on-policy)
         gap = (logprobs.detach() - old_logprobs).abs()
         metrics[LOGPROB_GAP] = masked_sum(gap, loss_mask) / normalizer.num_tokens
+    if settings.measure_rollout_gap and rollout_logprobs is not None:
+        gap = (logprobs.detach() - rollout_logprobs).abs()
+        metrics[ROLLOUT_GAP] = masked_sum(gap, loss_mask) / normalizer.num_tokens
     return reduce(total) * normalizer.dp_world_size, metrics

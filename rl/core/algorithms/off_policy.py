@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rl.core.algorithms.loss import ROLLOUT_GAP
 from rl.core.algorithms.segments import segment_sum
 from rl.core.registry import Registry
 
@@ -61,7 +62,7 @@ def mismatch_metrics(old: Tensor, rollout: Tensor, mask: Tensor) -> dict[str, fl
     diff = (old - rollout)[mask]
     ratio = _ratio(diff)
     return {
-        "rollout_logprob_abs_diff_mean": float(diff.abs().mean()),
+        ROLLOUT_GAP: float(diff.abs().mean()),
         "rollout_logprob_abs_diff_max": float(diff.abs().max()),
         "rollout_kl_k3": float((ratio - 1 - diff.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)).mean()),
         # (sum r)^2 / (n sum r^2): 1 when every ratio is equal, 1/n when one token carries all the weight

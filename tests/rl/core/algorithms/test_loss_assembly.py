@@ -286,3 +286,25 @@ def test_the_logprob_gap_is_the_token_mean_of_the_distance_to_the_old_logprobs()
     plain = LossSettings()
     _, metrics = compute_policy_loss(plain, logp, old, advantages, mask, plain.normalizer(mask))
     assert "exact_logprob_gap" not in metrics
+
+
+def test_the_on_policy_shortcut_measures_the_gap_to_the_rollout_logprobs():
+    """`measure_rollout_gap` (the old-logprob pass skipped): |logprob - rollout| over the loss tokens, by hand: tokens
+    0, 1 and 3 count, differences 0.5, -0.25 and 0, so 0.75 / 3. The ratio stays exactly 1 (the loss equals the one
+    without rollout logprobs), and nothing is reported without the setting or without rollout logprobs."""
+    logp = torch.tensor([[-1.0, -2.0, -3.0, -0.5]], dtype=torch.float64)
+    rollout = torch.tensor([[-1.5, -1.75, -7.0, -0.5]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0, 1]], dtype=torch.float64)
+    advantages = torch.tensor([[1.0, -0.5, 2.0, 0.25]], dtype=torch.float64)
+    settings = LossSettings(measure_rollout_gap=True)
+    loss, metrics = compute_policy_loss(settings, logp, None, advantages, mask, settings.normalizer(mask),
+                                        rollout_logprobs=rollout)
+    assert float(metrics["rollout_logprob_abs_diff_mean"]) == pytest.approx(0.75 / 3, rel=1e-15)
+    alone, _ = compute_policy_loss(settings, logp, None, advantages, mask, settings.normalizer(mask))
+    assert float(loss) == float(alone)
+    _, metrics = compute_policy_loss(settings, logp, None, advantages, mask, settings.normalizer(mask))
+    assert "rollout_logprob_abs_diff_mean" not in metrics
+    plain = LossSettings()
+    _, metrics = compute_policy_loss(plain, logp, None, advantages, mask, plain.normalizer(mask),
+                                     rollout_logprobs=rollout)
+    assert "rollout_logprob_abs_diff_mean" not in metrics
