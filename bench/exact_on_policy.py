@@ -4,9 +4,10 @@ CPU), one launcher run with it off and one with it on:
     PYTHONPATH=. python -m bench.exact_on_policy [--steps 40] [--workers 2]
 
 Reported per run: the mean step time and its parts (generation, the logprob passes, the update) over the steps after
-the first, the old-logprob gap the run measured (off: `rollout_logprob_abs_diff_max`, the trainer's old-logprob pass
-against the engine's; on: `exact_logprob_gap`, the first mini-batch's training forward against the engine's, whose
-largest step is shown), and the last validation accuracy.
+the first, the trainer-vs-engine logprob gap the run measured (off: `rollout_logprob_abs_diff_mean`, the update's
+forward against the engine's, since the run skips its old-logprob pass; on: `exact_logprob_gap`, the first
+mini-batch's training forward against the engine's; each a token mean, whose largest step is shown), and the last
+validation accuracy.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def run(run_dir: str, steps: int, workers: int, exact: bool) -> dict:
         raise RuntimeError(f"exact_on_policy={exact} exited {code}; see {run_dir}.log")
     rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     later = rows[1:] or rows
-    gap_key = "exact_logprob_gap" if exact else "rollout_logprob_abs_diff_max"
+    gap_key = "exact_logprob_gap" if exact else "rollout_logprob_abs_diff_mean"
     gaps = [row[gap_key] for row in rows if gap_key in row]
     accuracy = [row["val_accuracy"] for row in rows if "val_accuracy" in row]
     return {"wall_s": time.monotonic() - started, **{part: statistics.mean(r[part] for r in later) for part in PARTS},
