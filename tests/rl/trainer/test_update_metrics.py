@@ -1,15 +1,17 @@
 """How `update_policy` turns the workers' mini-batch metrics into a step's row, on a scripted worker group (the
 arithmetic only; the workers' own numbers are the launcher tests'): each mini-batch's metric is the sum of its
 shards' shares, the step's the mean over mini-batches, and `exact_logprob_gap` is the first mini-batch's alone
-(later mini-batches follow updates, where a gap is expected)."""
+(later mini-batches follow updates, where a gap is expected); and which gap each mode's loss settings measure."""
 
 import pytest
 import torch
 
+import rl.backends.registry  # noqa: F401  (the strategies the config names)
 from rl.core.algorithms import LossSettings
+from rl.core.config import load_config
 from rl.trainer.batching import MicroBatching
 from rl.trainer.experience import Experience
-from rl.trainer.policy_update import update_policy
+from rl.trainer.policy_update import loss_settings, update_policy
 
 
 class _ScriptedGroup:
@@ -42,3 +44,14 @@ def test_mini_batches_are_averaged_and_the_gap_is_the_first_ones():
     assert row["pg_loss"] == pytest.approx(((0.5 + 0.25) + (1.0 + 0.75)) / 2, rel=1e-15)
     assert row["exact_logprob_gap"] == 0.0, "the first mini-batch's, before any update"
     assert row["grad_norm"] == pytest.approx((1.0 + 2.0) / 2, rel=1e-15)
+
+
+def test_the_gap_each_mode_measures():
+    """exact on-policy measures `exact_logprob_gap`; the on-policy shortcut (no old-logprob pass) the rollout gap
+    that pass would have measured; a run with the pass measures neither in the update."""
+    exact, _ = loss_settings(load_config(["trainer.exact_on_policy=true"]), on_policy=True)
+    shortcut, _ = loss_settings(load_config([]), on_policy=True)
+    with_pass, _ = loss_settings(load_config([]), on_policy=False)
+    assert (exact.measure_logprob_gap, exact.measure_rollout_gap) == (True, False)
+    assert (shortcut.measure_logprob_gap, shortcut.measure_rollout_gap) == (False, True)
+    assert (with_pass.measure_logprob_gap, with_pass.measure_rollout_gap) == (False, False)
