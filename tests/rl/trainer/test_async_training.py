@@ -148,14 +148,16 @@ def test_engine_lost_with_rollouts_queued_ahead(job, bound_two, tmp_path):
     """Bound 2: batches 1-3 go to the engine at once, under version 0. The engine is SIGKILLed as it starts batch 2,
     while step 1 trains; the loss is found by step 1's weight push, which waits for the engine's calls. By then rank 0
     holds version 1, so the replacement must get the copy of version 0 rank 0 kept, and batches 2 and 3 issued again
-    under it: every step's numbers as in the uninterrupted run of the test above, to the bit."""
+    under it: every step's numbers as in the uninterrupted run of the test above, to the bit. Batch 1 may be lost
+    too (then the loss is found as it is collected, before step 1): Ray sends a call's result after its method
+    returns, so batch 1's reply can die with the engine; issued again, its seeds give the same rollouts."""
     expected, _ = bound_two
     rows, stdout = _run(job, str(tmp_path / "killed"),
                         [*_nemo_asynchronous(2), "trainer.ckpt_interval=1", "trainer.max_restarts=1"],
                         env_extra={"RL_KILL_AT": "engine_generate:0:2", "RL_KILL_ONCE": str(tmp_path / "killed.mark")})
     assert "rank 0 keeps a host copy of the weights the engines hold" in stdout
     assert re.search(r"^warning: generation engine 0 \(.*\) died \(ActorDiedError: .*\) at step 1; replaced in .* "
-                     r"2 call\(s\) issued again with their seeds", stdout, re.M), stdout[-3000:]
+                     r"[23] call\(s\) issued again with their seeds", stdout, re.M), stdout[-3000:]
     assert [row["engines_replaced"] for row in rows] == [1, 1, 1, 1] and rows[-1]["restarts"] == 0
     for row, want in zip(rows, expected, strict=True):
         assert row["policy_lag"] == want["policy_lag"]
