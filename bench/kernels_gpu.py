@@ -77,11 +77,13 @@ def peak_mib(fn) -> float | str:
     return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
-def measured(fn, repeats: int) -> tuple[float | str, float | str]:
-    """(ms, peak MiB) of `fn`, or its failure's reason in both cells (a row that cannot run says why)."""
+def measured(fn, repeats: int, failures: tuple[type[Exception], ...] = (RuntimeError, ValueError)
+             ) -> tuple[float | str, float | str]:
+    """(ms, peak MiB) of `fn`, or the reason of one of its `failures` in both cells (a row that cannot run says
+    why)."""
     try:
         return timed_ms(fn, repeats=repeats), peak_mib(fn)
-    except (RuntimeError, ValueError) as err:
+    except failures as err:
         reason = f"n/a ({type(err).__name__}: {str(err).splitlines()[0][:160]})"
         return reason, reason
 
@@ -260,11 +262,7 @@ def liger(hidden, weight, targets, adv, old, ref, args) -> tuple[float | str, fl
         )
         (out[0] if isinstance(out, tuple) else out).backward()
 
-    try:
-        return timed_ms(run, repeats=5), peak_mib(run)
-    except Exception as err:  # the Liger API moves between versions: report, don't fail the benchmark
-        reason = f"n/a ({type(err).__name__}: {str(err).splitlines()[0][:160]})"
-        return reason, reason
+    return measured(run, 5, (Exception,))  # the Liger API moves between versions: report, don't fail the benchmark
 
 
 def loss_shapes(text: str | None, tokens: int, vocab: int) -> list[tuple[int, int]]:

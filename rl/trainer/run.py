@@ -88,14 +88,14 @@ def _actor_lost(trainer, error: Exception, run_dir: str) -> tuple[str, str] | No
     from rl.trainer.workers.waiting import ActorHung
 
     if isinstance(error, ActorHung):
-        names = error.names
+        names, what = error.names, _actor_failure(trainer, error, run_dir)
     elif isinstance(error, RayActorError):
         names = [(trainer.actor_names() if trainer is not None else {}).get(getattr(error, "actor_id", None) or "")
                  or _actor_in(_plain(str(error)))[0]]
+        what = _actor_failure(trainer, error, run_dir)
     else:
         dead = trainer.dead_actor() if trainer is not None else None
-        return None if dead is None else (_in_a_peer(dead, error), ENGINE if "generation engine" in dead else WORKER)
-    what = _actor_failure(trainer, error, run_dir)
+        names, what = [dead], (None if dead is None else _in_a_peer(dead, error))
     if what is None:
         return None
     return what, ENGINE if names and all("generation engine" in name for name in names) else WORKER

@@ -243,10 +243,9 @@ def compute_policy_loss(
             total = total - settings.entropy_loss_coef * entropy
     for name, per_token in token_metrics.items():
         metrics[name] = masked_sum(per_token, loss_mask) / normalizer.num_tokens
-    if settings.measure_logprob_gap:  # the training forward against the engine's logprobs (exact on-policy)
-        gap = (logprobs.detach() - old_logprobs).abs()
-        metrics[LOGPROB_GAP] = masked_sum(gap, loss_mask) / normalizer.num_tokens
-    if settings.measure_rollout_gap and rollout_logprobs is not None:
-        gap = (logprobs.detach() - rollout_logprobs).abs()
-        metrics[ROLLOUT_GAP] = masked_sum(gap, loss_mask) / normalizer.num_tokens
+    # the training forward against the engine's logprobs: the old ones (exact on-policy), or the rollout's
+    for name, measured, engine in ((LOGPROB_GAP, settings.measure_logprob_gap, old_logprobs),
+                                   (ROLLOUT_GAP, settings.measure_rollout_gap, rollout_logprobs)):
+        if measured and engine is not None:
+            metrics[name] = masked_sum((logprobs.detach() - engine).abs(), loss_mask) / normalizer.num_tokens
     return reduce(total) * normalizer.dp_world_size, metrics

@@ -6,7 +6,7 @@ mean of those distances, within the gap between the backend's two forwards of th
 import pytest
 import torch
 import torch.distributed as dist
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from rl.backends.base import ModelSpec
 from rl.backends.dist import init_distributed
@@ -15,8 +15,9 @@ from rl.core.algorithms import LossSettings
 from rl.core.algorithms.loss import ROLLOUT_GAP
 from rl.core.packing import pack_sequences
 from tests.testing import tolerances
+from tests.testing.backend_steps import write_small_qwen
 
-VOCAB = 96
+VOCAB = 32  # write_small_qwen's
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -28,13 +29,7 @@ def _process_group():
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         initializer_range=0.2)
-    path = str(tmp_path_factory.mktemp("model"))
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    return path
+    return write_small_qwen(str(tmp_path_factory.mktemp("model")))
 
 
 @pytest.mark.parametrize("strategy", ["fsdp2", "fsdp"])
