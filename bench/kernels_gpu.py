@@ -10,9 +10,10 @@ Needs a CUDA GPU (exits with a message otherwise) unless --dry_run, which runs t
 size to catch a broken benchmark before device time is spent (its figures are not measurements). Peak bandwidth
 comes from --peak_gbps, else a table of known devices, else a measured device-to-device copy; the copy's bandwidth
 is printed too. Bytes per kernel are the compulsory traffic: logprobs forward reads the logits once, backward reads
-them and writes the gradient, the fused loss reads them twice (two passes) and writes the gradient, pack/unpack read
-and write the moved rows. Times are medians over CUDA-event-timed repeats after warm-up; peak memory is the
-allocator's peak during one call above what was allocated before it.
+them and writes the gradient, the fused loss reads them twice (two passes) and writes the gradient (`traffic`);
+pack reads and writes the moved rows, unpack reads them and writes the whole padded batch, padding included. Times
+are medians over CUDA-event-timed repeats after warm-up; peak memory is the allocator's peak during one call above
+what was allocated before it.
 """
 
 from __future__ import annotations
@@ -105,6 +106,17 @@ def peak_gbps(override: float | None, measured: float) -> tuple[float, str]:
     return measured, "measured copy"
 
 
+LOGIT_PASSES = {"logprobs_fwd": 1, "logprobs_bwd": 2, "fused_loss": 3}
+"""Logits-sized passes over memory of each row kernel (reads and writes of [N, V])."""
+
+
+def traffic(kernel: str, *, logits_bytes: int = 0, moved_bytes: int = 0, padded_bytes: int = 0) -> int:
+    """Compulsory bytes one call of `kernel` (rl.kernels.sizing's names) moves."""
+    if kernel in LOGIT_PASSES:
+        return LOGIT_PASSES[kernel] * logits_bytes
+    return 2 * moved_bytes if kernel == "pack" else moved_bytes + padded_bytes
+
+
 def _impls():
     from rl.kernels.cuda import ext
     from rl.kernels.cuda.loader import load
@@ -136,8 +148,9 @@ def bandwidth_rows(args, peak: float) -> list[list[object]]:
     normalizer = settings.normalizer(mask, seq_ids=torch.zeros(n, dtype=torch.long, device=DEVICE), num_sequences=1)
     seq_ids = torch.zeros(n, dtype=torch.long, device=DEVICE)
     rows = []
-    elem = logits.element_size()
-    moved = int(lengths.sum()) * features * padded.element_size()
+    sizes = dict(logits_bytes=logits.numel() * logits.element_size(),
+                 moved_bytes=int(lengths.sum()) * features * padded.element_size(),
+                 padded_bytes=padded.numel() * padded.element_size())
     for name, impl in _impls().items():
         packed = impl.pack(padded, lengths)
         lp_ent = lambda impl=impl: impl.token_logprobs_entropy(logits, targets)  # noqa: E731
@@ -145,13 +158,14 @@ def bandwidth_rows(args, peak: float) -> list[list[object]]:
         out = impl.token_logprobs_entropy(leaf, targets)
         grads = (torch.ones(n, device=DEVICE), torch.ones(n, device=DEVICE))
         cases = [
-            ("pack", lambda impl=impl: impl.pack(padded, lengths), 2 * moved),
-            ("unpack", lambda impl=impl, packed=packed: impl.unpack(packed, lengths, width), 2 * moved),
-            ("logprobs fwd", lp_ent, n * v * elem),
+            ("pack", lambda impl=impl: impl.pack(padded, lengths), traffic("pack", **sizes)),
+            ("unpack", lambda impl=impl, packed=packed: impl.unpack(packed, lengths, width),
+             traffic("unpack", **sizes)),
+            ("logprobs fwd", lp_ent, traffic("logprobs_fwd", **sizes)),
             (
                 "logprobs bwd",
                 lambda out=out, leaf=leaf, grads=grads: torch.autograd.grad(out, leaf, grads, retain_graph=True),
-                2 * n * v * elem,
+                traffic("logprobs_bwd", **sizes),
             ),
             (
                 "fused loss",
@@ -167,7 +181,7 @@ def bandwidth_rows(args, peak: float) -> list[list[object]]:
                     seq_ids=seq_ids,
                     num_sequences=1,
                 ),
-                3 * n * v * elem,
+                traffic("fused_loss", **sizes),
             ),
         ]
         for op, fn, nbytes in cases:

@@ -11,7 +11,7 @@
 # bazel: a machine with the GPU lock (README, "On a GPU machine"). Bazel fetches the GPU environment, builds the CUDA
 #   extension and the Triton AOT kernels, and runs everything: the versions (//tools/gpu:versions),
 #   //bench:kernels_gpu alone on the GPU, `bazel test --config=gpu --keep_going //...` (or --targets), then
-#   //bench:plan_memory and //bench:strategies. Budget: GPU_ACCEPTANCE_BUDGET_S, default 1500 s.
+#   //bench:plan_memory, //bench:strategies and //bench:tune_kernels. Budget: GPU_ACCEPTANCE_BUDGET_S, default 1500 s.
 #
 # bare: a GPU machine without Bazel: python3 with torch, triton, transformers, peft, pybind11 and pytest, and nvcc.
 #   --wheels DIR first installs, into the run's own folder, the packages tools/gpu/wheels.sh gathered (ray,
@@ -29,13 +29,16 @@
 #      bench/plan_memory.py (the memory planner against the CUDA allocator's peak, 0.5B shape);
 #   5. alone on the GPU, bench/strategies.py: the launcher with the HF engine through fsdp2, fsdp, deepspeed and
 #      megatron in bf16 on the embedded task with Qwen2.5-0.5B's layers (a strategy whose package is missing fails
-#      its row and the others still run).
+#      its row and the others still run);
+#   6. with the time left (at most 240 s), bench/tune_kernels.py: every candidate block size and warp count of the
+#      Triton kernels timed, the fastest written to $OUT/launch_configs.json, the launch record to commit as
+#      rl/kernels/launch_configs.json (rl/kernels/launches.py reads it by device name).
 #
 # Writes $OUT/report.md (tools/gpu/report.py), $OUT/gpu_acceptance.log, $OUT/junit.xml (every file's or target's
-# results merged), $OUT/kernels_gpu.json and the benchmarks' output ($OUT/<benchmark>.txt). Exits non-zero if any
-# step failed or a test file could not start within the budget; everything is attempted first. Without a CUDA
-# device it prints its plan and exits 0 (bare mode's --cpu runs it anyway, which checks the build and the test
-# commands on a CPU machine with nvcc).
+# results merged), $OUT/kernels_gpu.json, $OUT/launch_configs.json and the benchmarks' output
+# ($OUT/<benchmark>.txt). Exits non-zero if any step failed or a test file could not start within the budget;
+# everything is attempted first. Without a CUDA device it prints its plan and exits 0 (bare mode's --cpu runs it
+# anyway, which checks the build and the test commands on a CPU machine with nvcc).
 
 set -u
 set -o pipefail
@@ -53,6 +56,8 @@ BENCH_ARGS=${GPU_ACCEPTANCE_BENCH_ARGS:---tokens 4096 --vocab 32768 --hidden 409
 PLAN_ARGS=${GPU_ACCEPTANCE_PLAN_ARGS:---model 0.5b}
 STRATEGIES_ARGS=${GPU_ACCEPTANCE_STRATEGIES_ARGS:---model_size 0.5b --steps 4 --prompts_per_step 16 \
 --num_generations 8 --max_generate_length 64}
+# The block sizes of the Triton kernels at the benchmark's vocabularies, hidden states and a scalar per position.
+TUNE_ARGS=${GPU_ACCEPTANCE_TUNE_ARGS:---vocabs 32768,151936 --features 1,4096 --tokens 8192}
 
 PLAN_ONLY=0 FORCE_CPU=0 ONLY="" WHEELS="" MODE="" TARGETS=()
 COMMAND="bash tools/gpu/acceptance.sh $*"
@@ -65,7 +70,7 @@ while (($#)); do
     --only) ONLY=$2; shift ;;
     --wheels) WHEELS=$(realpath "$2"); shift ;;
     --targets) shift; while (($#)) && [[ $1 != --* ]]; do TARGETS+=("$1"); shift; done; continue ;;
-    -h | --help) sed -n '2,38p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -206,12 +211,14 @@ print_plan() {
     echo "bench: $BAZEL run --config=gpu //bench:kernels_gpu -- $BENCH_ARGS"
     echo "tests: $BAZEL test --config=gpu --keep_going ${TARGETS[*]}"
     echo "after the tests: //bench:plan_memory -- $PLAN_ARGS; //bench:strategies -- $STRATEGIES_ARGS"
+    echo "last, with the time left: //bench:tune_kernels -- $TUNE_ARGS --record $OUT/launch_configs.json"
     return
   fi
   echo "build into $BIN (RL_BAZEL_BIN)"
   echo "bench: bench/kernels_gpu.py $BENCH_ARGS"
   echo "beside the tests: bench/plan_memory.py $PLAN_ARGS (predicted vs the CUDA allocator's peak)"
   echo "after the tests: bench/strategies.py $STRATEGIES_ARGS (the launcher, one GPU, each strategy)"
+  echo "last, with the time left: bench/tune_kernels.py $TUNE_ARGS --record $OUT/launch_configs.json"
   echo "lane A (GPU):"; selected "${LANE_A[@]}" | sed 's/^/  /'
   echo "lane B (light):"; selected "${LANE_B[@]}" | sed 's/^/  /'
   echo "skipped for a missing package (per test, reason in the junit XML):"
@@ -359,6 +366,14 @@ strategies() {  # cap: each strategy's run gets a quarter of the time left, so a
   figures strategies "$cap" --timeout $((per_run > 30 ? per_run : 30)) $STRATEGIES_ARGS
 }
 
+# shellcheck disable=SC2086  # TUNE_ARGS is a list of flags
+tune() {  # cap: the candidates get the time left but a minute (each kernel's default launch, the record's write)
+  local cap=$1 limit
+  limit=$(left_within "$cap")
+  figures tune_kernels "$cap" --budget_s $((limit > 90 ? limit - 60 : 30)) --record "$OUT/launch_configs.json" \
+    $TUNE_ARGS
+}
+
 bench_step() {  # has_gpu name command...: a benchmark's step, unless --only leaves it out or no GPU is visible
   local has_gpu=$1 name=$2
   shift 2
@@ -387,6 +402,7 @@ run_all() {  # the steps, each recorded for the report; through Bazel, a benchma
     run_step tests bare_tests  # bench/plan_memory.py beside the tests
   fi
   bench_step "$has_gpu" strategies strategies $((bazel ? 600 : 300))  # alone on the GPU, after the tests
+  bench_step "$has_gpu" tune_kernels tune 240
 }
 
 main() {

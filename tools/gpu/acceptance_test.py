@@ -82,7 +82,7 @@ def test_with_the_gpu_lock_its_plan_is_bazel_test_of_everything_and_the_gpu_benc
     assert result.returncode == 0, result.stdout + result.stderr
     assert "plan (bazel mode)" in result.stdout and "the plan above is all" in result.stdout
     assert re.search(r"^tests: \S*bazelw test --config=gpu --keep_going //\.\.\.$", result.stdout, re.M)
-    for benchmark in ("//bench:kernels_gpu", "//bench:plan_memory", "//bench:strategies"):
+    for benchmark in ("//bench:kernels_gpu", "//bench:plan_memory", "//bench:strategies", "//bench:tune_kernels"):
         assert benchmark in result.stdout
     assert "===== versions" not in result.stdout, "it ran more than its plan"
     refused = subprocess.run(["bash", "tools/gpu/acceptance.sh", "--only", "lora"], env=env, capture_output=True,

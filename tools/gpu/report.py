@@ -6,7 +6,8 @@ every figure the benchmarks wrote, every test that failed or was skipped and why
 It reads what the run left (any of it may be missing: a step that did not run is reported, not an error):
 WORK/run.tsv (key, value: mode, start, budget, elapsed, command), WORK/steps.tsv (step, result, seconds, detail),
 WORK/versions.txt, WORK/manifest.tsv and OUT/junit.xml (the tests, merged by acceptance.py), WORK/not_here.txt,
-OUT/kernels_gpu.json, OUT/plan_memory.txt, OUT/strategies.txt. Standard library only: it runs with any python3.
+OUT/kernels_gpu.json, OUT/plan_memory.txt, OUT/strategies.txt, OUT/tune_kernels.txt. Standard library only: it
+runs with any python3.
 """
 
 from __future__ import annotations
@@ -149,6 +150,8 @@ def report(out: str, work: str) -> str:
         ("Tests", _tests(out, work)),
         ("Memory planner against the CUDA allocator", _benchmark_text(os.path.join(out, "plan_memory.txt"))),
         ("The launcher through each strategy", _benchmark_text(os.path.join(out, "strategies.txt"))),
+        ("Block sizes of the Triton kernels (OUT/launch_configs.json)",
+         _benchmark_text(os.path.join(out, "tune_kernels.txt"))),
         ("Not run here, and why", [*(not_run or ["Nothing."]), ""]),
     ]
     for title, body in sections:

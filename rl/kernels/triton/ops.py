@@ -8,10 +8,11 @@ import triton
 from torch import Tensor
 
 from rl.core.algorithms import LossNormalizer, LossSettings
+from rl.kernels import launches
 from rl.kernels.autograd import FusedLoss, LossKernels, TokenLogprobs
 from rl.kernels.reference.packing import check_lengths
 from rl.kernels.reference.policy_terms import metrics_dict, plan_loss
-from rl.kernels.sizing import pack_block, row_block
+from rl.kernels.sizing import device_of
 from rl.kernels.triton.logprobs_kernels import logprobs_bwd_kernel, logprobs_fwd_kernel
 from rl.kernels.triton.loss_kernels import fused_loss_kernel
 from rl.kernels.triton.packing_kernels import cu_seqlens_kernel, pack_kernel, position_ids_kernel, unpack_kernel
@@ -38,60 +39,59 @@ def position_ids(cu_seqlens: Tensor) -> Tensor:
     return out
 
 
-def pack(padded: Tensor, lengths: Tensor) -> Tensor:
+def _launch(kernel: str, size: int, t: Tensor, given: dict | None) -> dict:
+    """`given` (bench/tune_kernels.py times candidates through it), else the device's recorded or default launch."""
+    return given if given is not None else launches.launch(kernel, size, device_of(t.device))
+
+
+def pack(padded: Tensor, lengths: Tensor, *, launch: dict | None = None) -> Tensor:
     check_lengths(lengths, padded.shape[1])
     cu = cu_seqlens_from_lengths(lengths)
     batch, width = padded.shape[:2]
     feat = padded[0, 0].numel() if padded.numel() else 1
     out = torch.empty((int(cu[-1]), *padded.shape[2:]), dtype=padded.dtype, device=padded.device)
     if out.numel():
-        rows, block = pack_block(feat)
-        pack_kernel[(batch, triton.cdiv(width, rows))](
-            _as_storage(padded.contiguous()), _as_storage(out), cu, width, feat, BLOCK_T=rows, BLOCK_D=block
+        cfg = _launch("pack", feat, padded, launch)
+        pack_kernel[(batch, triton.cdiv(width, cfg["BLOCK_T"]))](
+            _as_storage(padded.contiguous()), _as_storage(out), cu, width, feat, **cfg
         )
     return out
 
 
-def unpack(packed: Tensor, lengths: Tensor, width: int, pad_value: float = 0) -> Tensor:
+def unpack(packed: Tensor, lengths: Tensor, width: int, pad_value: float = 0, *, launch: dict | None = None
+           ) -> Tensor:
     check_lengths(lengths, width)
     cu = cu_seqlens_from_lengths(lengths)
     out = torch.empty((lengths.numel(), width, *packed.shape[1:]), dtype=packed.dtype, device=packed.device)
     feat = out[0, 0].numel() if out.numel() else 1
     pad = float(pad_value) if packed.dtype.is_floating_point else int(pad_value)
     if out.numel():
-        rows, block = pack_block(feat)
-        unpack_kernel[(lengths.numel(), triton.cdiv(width, rows))](
-            _as_storage(packed.contiguous()),
-            _as_storage(out),
-            cu,
-            width,
-            feat,
-            pad,
-            BLOCK_T=rows,
-            BLOCK_D=block,
+        cfg = _launch("unpack", feat, packed, launch)
+        unpack_kernel[(lengths.numel(), triton.cdiv(width, cfg["BLOCK_T"]))](
+            _as_storage(packed.contiguous()), _as_storage(out), cu, width, feat, pad, **cfg
         )
     return out
 
 
-def _forward(logits: Tensor, targets: Tensor, temperature: float):
+def logprobs_forward(logits: Tensor, targets: Tensor, temperature: float, *, launch: dict | None = None):
     n, vocab = logits.shape
     lp, ent, lse = (torch.empty(n, dtype=torch.float32, device=logits.device) for _ in range(3))
     if n:
-        block, warps = row_block(vocab)
         logprobs_fwd_kernel[(n,)](
-            logits, targets, lp, ent, lse, vocab, logits.stride(0), 1.0 / temperature, BLOCK_V=block, num_warps=warps
+            logits, targets, lp, ent, lse, vocab, logits.stride(0), 1.0 / temperature,
+            **_launch("logprobs_fwd", vocab, logits, launch),
         )
     return lp, ent, lse
 
 
-def _backward(logits: Tensor, targets: Tensor, temperature: float, lse, ent, grad_lp, grad_ent) -> Tensor:
+def logprobs_backward(logits: Tensor, targets: Tensor, temperature: float, lse, ent, grad_lp, grad_ent, *,
+              launch: dict | None = None) -> Tensor:
     grad = torch.empty_like(logits)
     n, vocab = logits.shape
     if n:
-        block, warps = row_block(vocab)
-        logprobs_bwd_kernel[(n, triton.cdiv(vocab, block))](
-            logits, targets, lse, ent, grad_lp, grad_ent, grad, vocab, logits.stride(0), 1.0 / temperature,
-            BLOCK_V=block, num_warps=warps,
+        cfg = _launch("logprobs_bwd", vocab, logits, launch)
+        logprobs_bwd_kernel[(n, triton.cdiv(vocab, cfg["BLOCK_V"]))](
+            logits, targets, lse, ent, grad_lp, grad_ent, grad, vocab, logits.stride(0), 1.0 / temperature, **cfg
         )
     return grad
 
@@ -107,7 +107,7 @@ def token_logprobs_entropy(logits: Tensor, targets: Tensor, temperature: float =
     return TokenLogprobs.apply(KERNELS, logits, targets, float(temperature))
 
 
-def _loss_forward(logits, targets, old, adv, ref, plan, temperature):
+def loss_forward(logits, targets, old, adv, ref, plan, temperature, *, launch: dict | None = None):
     n, vocab = logits.shape
     device = logits.device
     token_loss = torch.zeros(n, dtype=torch.float32, device=device)
@@ -115,7 +115,6 @@ def _loss_forward(logits, targets, old, adv, ref, plan, temperature):
     grad = torch.empty_like(logits)
     if n:
         f32 = lambda t: t.to(torch.float32).contiguous()  # noqa: E731
-        block, warps = row_block(vocab)
         fused_loss_kernel[(n,)](
             logits,
             targets,
@@ -141,13 +140,12 @@ def _loss_forward(logits, targets, old, adv, ref, plan, temperature):
             HAS_REF=ref is not None,
             USE_KL=plan.use_kl,
             USE_ENT=plan.use_entropy,
-            BLOCK_V=block,
-            num_warps=warps,
+            **_launch("fused_loss", vocab, logits, launch),
         )
     return token_loss, metrics, grad
 
 
-KERNELS = LossKernels("triton", _forward, _backward, _loss_forward)
+KERNELS = LossKernels("triton", logprobs_forward, logprobs_backward, loss_forward)
 
 
 def fused_policy_loss(

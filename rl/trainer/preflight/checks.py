@@ -5,7 +5,8 @@ the reward is registered (and, when it runs model-written code, the jail of `rl.
 multi-turn environment builds and every prompt leaves room in its episodes, prompts fit
 generator.max_prompt_length (data.truncation=error) and the model's positions, checkpoints and exports can be
 written where the config says, a checkpoint to resume is complete, intact and of this strategy, the kernels
-`trainer.kernels` names and nccl weight sync can run here (both need CUDA), the vLLM engines' KV cache fits this
+`trainer.kernels` names and nccl weight sync can run here (both need CUDA) and the Triton kernels' launch record
+reads (rl.kernels.launches, $RL_KERNEL_LAUNCHES), the vLLM engines' KV cache fits this
 machine (`rl.trainer.preflight.engine_memory`), the placement fits this machine, and the memory planner predicts the
 layout fits its GPUs (`rl.trainer.preflight.memory_plan`). Every problem is reported at once as a
 ConfigError naming the key."""
@@ -325,6 +326,13 @@ def _lacks_cuda(ray_address: str | None) -> bool:
 
 def _kernel_problems(cfg, ray_address: str | None) -> list[str]:
     kernels = cfg.trainer.kernels
+    if kernels in ("auto", "triton"):  # the Triton kernels read their launch record at their first launch
+        from rl.kernels.launches import RECORD_ENV, record
+
+        try:
+            record()
+        except ValueError as err:
+            return [f"{RECORD_ENV}: {err}"]
     if not _lacks_cuda(ray_address) or kernels not in ("cuda", "triton"):
         return []
     if kernels == "triton" and os.environ.get("TRITON_INTERPRET") == "1":

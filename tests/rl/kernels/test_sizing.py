@@ -8,7 +8,17 @@ import torch
 
 from rl.kernels.autograd import add_product
 from rl.kernels.reference.chunked import WORKSPACE_ROW_BYTES, token_chunk
-from rl.kernels.sizing import CPU, Device, device_of, loss_chunk_tokens, pack_block, row_block
+from rl.kernels.sizing import (
+    CPU,
+    KERNELS,
+    Device,
+    candidate_launches,
+    default_launch,
+    device_of,
+    loss_chunk_tokens,
+    pack_block,
+    row_block,
+)
 from tests.testing.tolerances import assert_within, matmul_gap
 
 GIB = 1 << 30
@@ -77,3 +87,24 @@ def test_add_product_accumulates_in_fp32(dtype):
     want = start.double() + a.double() @ b.double()
     bound = matmul_gap(a, b) + want.abs() * 2.0**-24
     assert_within(total, want, bound, f"{dtype} factors")
+
+
+def test_the_candidate_launches_span_blocks_and_warps_and_hold_the_default():
+    """Qwen2's vocabulary: the five row blocks x 4, 8, 16 warps. A vocabulary of 1000 rounds up to one block of
+    1024. Hidden states of 4096: 4 position blocks x 5 feature blocks x 4, 8 warps; a scalar per position: blocks
+    of 1 feature only."""
+    row = candidate_launches("logprobs_fwd", QWEN2_VOCAB)
+    assert sorted({c["BLOCK_V"] for c in row}) == [1024, 2048, 4096, 8192, 16384] and len(row) == 15
+    assert candidate_launches("fused_loss", 1000) == [{"BLOCK_V": 1024, "num_warps": w} for w in (4, 8, 16)]
+    pack = candidate_launches("pack", 4096)
+    assert len(pack) == 40 and {c["BLOCK_D"] for c in pack} == {16, 32, 64, 128, 256}
+    assert {c["BLOCK_T"] for c in pack} == {16, 32, 64, 128} and {c["num_warps"] for c in pack} == {4, 8}
+    assert {c["BLOCK_D"] for c in candidate_launches("unpack", 1)} == {1}
+    assert {c["BLOCK_D"] for c in candidate_launches("unpack", 20)} == {16, 32}
+    for kernel in KERNELS:
+        for size in (1, 3, 20, 37, 896, 1000, 4096, 32768, QWEN2_VOCAB):
+            assert default_launch(kernel, size) in candidate_launches(kernel, size), (kernel, size)
+    assert default_launch("unpack", 896) == {"BLOCK_T": 64, "BLOCK_D": 64, "num_warps": 4}
+    assert default_launch("logprobs_bwd", QWEN2_VOCAB) == {"BLOCK_V": 4096, "num_warps": 8}
+    with pytest.raises(ValueError, match="no kernel named 'softmax'; the kernels with launch sizes are logprobs_fwd"):
+        candidate_launches("softmax", 10)

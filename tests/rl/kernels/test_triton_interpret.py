@@ -10,8 +10,11 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 
 from rl.core.algorithms import compute_policy_loss
 from rl.core.algorithms.kl import K3_BOUND
+from rl.kernels import launches
 from rl.kernels import reference as ref_ops
+from rl.kernels.launches import RECORD_ENV
 from rl.kernels.reference.policy_terms import plan_loss
+from rl.kernels.sizing import PACK_KERNELS, ROW_KERNELS, candidate_launches
 from rl.kernels.triton import ops as tri
 from tests.rl.kernels.cases import SETTINGS, eager_logprobs, oracle_loss, packed_batch
 from tests.testing.loss_gaps import log_softmax_gaps, log_softmax_grad_gap, policy_loss_gaps
@@ -51,7 +54,10 @@ def test_packing_ops(lengths):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_token_logprobs_forward_and_backward(dtype):
-    b = packed_batch(dtype=dtype, vocab=37)
+    _check_token_logprobs(packed_batch(dtype=dtype, vocab=37), dtype)
+
+
+def _check_token_logprobs(b, dtype):
     logits = b.logits.clone().requires_grad_()
     lp, ent = tri.token_logprobs_entropy(logits, b.targets, 0.7)
     eager_in = b.logits.clone().requires_grad_()
@@ -68,8 +74,10 @@ def test_token_logprobs_forward_and_backward(dtype):
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_fused_loss_matches_compute_policy_loss(name):
-    settings = SETTINGS[name]
-    b = packed_batch(vocab=37)
+    _check_fused_loss(SETTINGS[name], packed_batch(vocab=37))
+
+
+def _check_fused_loss(settings, b):
     normalizer = settings.normalizer(b.mask, seq_ids=b.seq_ids, num_sequences=b.num_sequences, dp_world_size=2)
     logits = b.logits.clone().requires_grad_()
     loss, metrics = tri.fused_policy_loss(
@@ -207,3 +215,64 @@ def test_chunked_loss_through_triton_kernels_matches_compute_policy_loss(name, o
     assert set(metrics) == set(metrics0)
     for key in metrics0:
         assert_within(metrics[key], metrics0[key], value_gaps[key], key)
+
+
+WIDE_VOCAB = 40_000
+"""More than twice the widest block a launch record may hold (16,384), and a multiple of none."""
+
+
+class LaunchSpy:
+    """Stands in for a @triton.jit kernel: runs it, keeping each launch's block sizes and warps."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.launches.append({k: v for k, v in kwargs.items() if k.startswith("BLOCK_") or k == "num_warps"})
+            return self.kernel[grid](*args, **kwargs)
+
+        return run
+
+
+def _spied_record(tmp_path, monkeypatch, kernels: dict, spied: list[str]) -> dict[str, LaunchSpy]:
+    """Points the kernels at a launch record for this CPU holding `kernels`, and spies on the `spied` kernels."""
+    path = tmp_path / f"launches-{len(list(tmp_path.iterdir()))}.json"
+    launches.save(path, "cpu", {}, kernels)
+    monkeypatch.setenv(RECORD_ENV, str(path))
+    spies = {name: LaunchSpy(getattr(tri, name)) for name in spied}
+    for name, spy in spies.items():
+        monkeypatch.setattr(tri, name, spy)
+    return spies
+
+
+@pytest.mark.parametrize("block", sorted({c["BLOCK_V"] for c in candidate_launches("logprobs_fwd", WIDE_VOCAB)}))
+def test_every_recordable_row_block_matches_the_oracle(block, tmp_path, monkeypatch):
+    """Each vocabulary block a record may hold, taken from a record by the three row kernels, over rows several
+    blocks wide with a partial last block: logprobs, entropies, the loss and the gradients within their bounds."""
+    launch = {"BLOCK_V": block, "num_warps": 16}
+    spies = _spied_record(tmp_path, monkeypatch, {kernel: {"65536": launch} for kernel in ROW_KERNELS},
+                          ["logprobs_fwd_kernel", "logprobs_bwd_kernel", "fused_loss_kernel"])
+    b = packed_batch(lengths=[3, 2], vocab=WIDE_VOCAB)
+    _check_token_logprobs(b, torch.float32)
+    _check_fused_loss(SETTINGS["dual_clip-seq_mean-kl_k3-entropy"], b)
+    assert {name: spy.launches for name, spy in spies.items()} == {
+        "logprobs_fwd_kernel": [launch], "logprobs_bwd_kernel": [launch], "fused_loss_kernel": [launch]}
+
+
+def test_every_recordable_packing_block_copies_exactly(tmp_path, monkeypatch):
+    """Each (positions, features) block a record may hold for rows of 300 features, taken from a record by pack
+    and unpack over sequences up to 150 positions (partial blocks of both): the same bits as the reference."""
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([150, 0, 37, 129], dtype=torch.int32)
+    padded = torch.randn(4, 150, 300, generator=g).bfloat16()
+    packed = ref_ops.pack(padded, lengths)
+    blocks = sorted({(c["BLOCK_T"], c["BLOCK_D"]) for c in candidate_launches("pack", 300)})
+    assert len(blocks) == 20
+    for rows, features in blocks:
+        launch = {"BLOCK_T": rows, "BLOCK_D": features, "num_warps": 8}
+        spies = _spied_record(tmp_path, monkeypatch, {kernel: {"512": launch} for kernel in PACK_KERNELS},
+                              ["pack_kernel", "unpack_kernel"])
+        assert torch.equal(tri.pack(padded, lengths), packed), launch
+        assert torch.equal(tri.unpack(packed, lengths, 150, 7), ref_ops.unpack(packed, lengths, 150, 7)), launch
+        assert [spy.launches for spy in spies.values()] == [[launch], [launch]]

@@ -313,6 +313,17 @@ def test_bad_config_is_refused_before_anything_starts(case, places, tmp_path, ca
     _assert_named(message, row.key, row.fragments)
 
 
+def test_a_kernel_launch_record_that_does_not_load_is_refused_before_anything_starts(tmp_path, capsys,
+                                                                                    monkeypatch):
+    """$RL_KERNEL_LAUNCHES naming a record with a launch the tests do not cover (rl/kernels/launches.py)."""
+    record = tmp_path / "launches.json"
+    record.write_text(json.dumps({"NVIDIA H100 80GB HBM3": {"kernels": {"pack": {"64": {"BLOCK_T": 3}}}}}))
+    monkeypatch.setenv("RL_KERNEL_LAUNCHES", str(record))
+    message = launch_refused(str(tmp_path / "run"), [], capsys)
+    _assert_named(message, "RL_KERNEL_LAUNCHES", (f"{record}: 'NVIDIA H100 80GB HBM3' pack at 64",
+                                                  "is not one of the launches the tests check"))
+
+
 @pytest.mark.parametrize("case", FILES)
 def test_bad_config_file_is_refused_before_anything_starts(case, tmp_path, capsys):
     row = FILES[case]
