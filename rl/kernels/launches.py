@@ -78,7 +78,7 @@ def _check_launch(where: str, kernel: str, size: str, recorded) -> None:
         check_kernel(kernel)
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
-    if not (size.isdigit() and int(size) > 0 and next_power_of_2(int(size)) == int(size)):
+    if not (size.isdigit() and next_power_of_2(int(size)) == int(size)):
         raise ValueError(f"{where}: sizes are recorded by their power of two, not {size!r}")
     if not isinstance(recorded, dict):
         raise ValueError(f"{where}: a launch is an object of parameters, not {recorded!r}")
@@ -97,7 +97,7 @@ def save(path: str | Path, device: str, measured: dict, kernels: dict[str, dict[
     for kernel, sizes in kernels.items():
         for size, launch_ in sizes.items():
             _check_launch(f"{device!r} {kernel} at {size}", kernel, size, launch_)
-    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    text = json.dumps(data, indent=1, sort_keys=True) + "\n"  # a value a line, in one order: a re-tune's diff is small
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
         tmp.write(text)
     os.replace(tmp.name, path)

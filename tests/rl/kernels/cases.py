@@ -102,3 +102,17 @@ def oracle_loss(settings, logprob, entropy, b, normalizer):
         seq_ids=b.seq_ids,
         num_sequences=b.num_sequences,
     )
+
+
+class LaunchSpy:
+    """Stands in for a @triton.jit kernel: runs it, keeping each launch's block sizes and warps."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.launches.append({k: v for k, v in kwargs.items() if k.startswith("BLOCK_") or k == "num_warps"})
+            return self.kernel[grid](*args, **kwargs)
+
+        return run

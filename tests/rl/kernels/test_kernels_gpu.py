@@ -6,7 +6,7 @@ import torch
 from rl.core.algorithms.kl import K3_BOUND
 from rl.kernels import reference as ref_ops
 from rl.kernels.reference.policy_terms import plan_loss
-from tests.rl.kernels.cases import SETTINGS, eager_logprobs, oracle_loss, packed_batch
+from tests.rl.kernels.cases import SETTINGS, LaunchSpy, eager_logprobs, oracle_loss, packed_batch
 from tests.testing.loss_gaps import log_softmax_gaps, log_softmax_grad_gap, policy_loss_gaps
 from tests.testing.tolerances import assert_within, matmul_gap, network_rtol, rounded_gap
 
@@ -160,6 +160,41 @@ def test_add_product_accumulates_in_fp32_on_the_gpu(dtype):
     assert add_product(total, a, b) is total and total.dtype == torch.float32
     want = start.double() + a.double() @ b.double()
     assert_within(total, want, matmul_gap(a, b) + want.abs() * 2.0**-24, f"{dtype} factors")
+
+
+def test_this_gpu_takes_the_launches_recorded_under_its_name(tmp_path, monkeypatch):
+    """A record for this GPU's name (as bench/tune_kernels.py writes it) reaches the Triton kernels, and launches
+    that differ from the default in warps as well as blocks (warps matter only on a GPU) give the default's bits on
+    logits whose softmax sums are exact in any order (0 or -200)."""
+    from bench import kernels_gpu
+    from bench.tune_kernels import packing_case, row_case, same
+    from rl.kernels import launches
+    from rl.kernels.sizing import default_launch, device_of
+    from rl.kernels.triton import ops as tri
+
+    name = torch.cuda.get_device_name()
+    here = device_of(torch.device("cuda"))
+    props = torch.cuda.get_device_properties(0)
+    assert (here.kind, here.name, here.sm_count, here.memory_bytes) == (
+        "cuda", name, props.multi_processor_count, props.total_memory)
+    row, pack = {"BLOCK_V": 2048, "num_warps": 16}, {"BLOCK_T": 16, "BLOCK_D": 256, "num_warps": 8}
+    path = tmp_path / "launches.json"
+    launches.save(path, name, {}, {"logprobs_fwd": {"65536": row}, "fused_loss": {"65536": row},
+                                   "unpack": {"512": pack}})
+    monkeypatch.setenv(launches.RECORD_ENV, str(path))
+    monkeypatch.setattr(kernels_gpu, "DEVICE", "cuda")
+    spies = {k: LaunchSpy(getattr(tri, k)) for k in ("logprobs_fwd_kernel", "fused_loss_kernel", "unpack_kernel")}
+    for attribute, spy in spies.items():
+        monkeypatch.setattr(tri, attribute, spy)
+    cases = [(kernel, *row_case(kernel, 64, 40_000, exact=True), 40_000, row) for kernel in ("logprobs_fwd",
+                                                                                          "fused_loss")]
+    cases.append(("unpack", *packing_case("unpack", 300, 16, 150), 300, pack))
+    for kernel, call, _, size, launch in cases:
+        spy = spies[f"{kernel}_kernel"]
+        spy.launches.clear()
+        recorded = call(None)  # no launch given: the record's
+        assert spy.launches == [launch], kernel
+        assert same(recorded, call(default_launch(kernel, size))), kernel
 
 
 def test_auto_dispatch_picks_a_gpu_kernel():

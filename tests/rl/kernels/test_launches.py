@@ -4,6 +4,7 @@ hold, and how the tuner's writes keep the other devices' launches."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -99,6 +100,24 @@ def test_a_failed_write_leaves_the_record_as_it_was(h100_record):
         save(h100_record, A10.name, {}, {"pack": {"64": {"BLOCK_T": 3, "BLOCK_D": 64, "num_warps": 4}}})
     assert h100_record.read_bytes() == before
     assert [p.name for p in h100_record.parent.iterdir()] == [h100_record.name]
+
+
+def test_a_record_is_written_in_one_order_a_value_a_line_through_its_own_folder(tmp_path, monkeypatch):
+    """Re-tuning a device with the same results gives the same bytes (so a committed record's diff shows only the
+    launches that changed), and the file is replaced from a temporary file beside it (one filesystem: atomic)."""
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    save(first, H100.name, {"triton": "3.3.1", "date": "d"}, H100_LAUNCHES)
+    backwards = {kernel: dict(reversed(by_size.items())) for kernel, by_size in reversed(H100_LAUNCHES.items())}
+    save(second, H100.name, {"date": "d", "triton": "3.3.1"}, backwards)
+    assert first.read_bytes() == second.read_bytes()
+    lines = [line.strip() for line in first.read_text().splitlines()]
+    assert '"BLOCK_V": 16384,' in lines and '"num_warps": 16' in lines
+    replaced = []
+    real_replace = launches.os.replace
+    monkeypatch.setattr(launches.os, "replace", lambda src, dst: replaced.append((src, dst)) or real_replace(src, dst))
+    save(first, A10.name, {}, {})
+    (src, dst), = replaced
+    assert os.path.dirname(src) == str(tmp_path) and os.path.basename(src).startswith(".a.json.") and dst == first
 
 
 def test_the_packaged_record_loads(monkeypatch):

@@ -16,7 +16,7 @@ from rl.kernels.launches import RECORD_ENV
 from rl.kernels.reference.policy_terms import plan_loss
 from rl.kernels.sizing import PACK_KERNELS, ROW_KERNELS, candidate_launches
 from rl.kernels.triton import ops as tri
-from tests.rl.kernels.cases import SETTINGS, eager_logprobs, oracle_loss, packed_batch
+from tests.rl.kernels.cases import SETTINGS, LaunchSpy, eager_logprobs, oracle_loss, packed_batch
 from tests.testing.loss_gaps import log_softmax_gaps, log_softmax_grad_gap, policy_loss_gaps
 from tests.testing.tolerances import assert_within, matmul_gap
 
@@ -221,20 +221,6 @@ WIDE_VOCAB = 40_000
 """More than twice the widest block a launch record may hold (16,384), and a multiple of none."""
 
 
-class LaunchSpy:
-    """Stands in for a @triton.jit kernel: runs it, keeping each launch's block sizes and warps."""
-
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, []
-
-    def __getitem__(self, grid):
-        def run(*args, **kwargs):
-            self.launches.append({k: v for k, v in kwargs.items() if k.startswith("BLOCK_") or k == "num_warps"})
-            return self.kernel[grid](*args, **kwargs)
-
-        return run
-
-
 def _spied_record(tmp_path, monkeypatch, kernels: dict, spied: list[str]) -> dict[str, LaunchSpy]:
     """Points the kernels at a launch record for this CPU holding `kernels`, and spies on the `spied` kernels."""
     path = tmp_path / f"launches-{len(list(tmp_path.iterdir()))}.json"
@@ -276,3 +262,6 @@ def test_every_recordable_packing_block_copies_exactly(tmp_path, monkeypatch):
         assert torch.equal(tri.pack(padded, lengths), packed), launch
         assert torch.equal(tri.unpack(packed, lengths, 150, 7), ref_ops.unpack(packed, lengths, 150, 7)), launch
         assert [spy.launches for spy in spies.values()] == [[launch], [launch]]
+        given = {**launch, "num_warps": 4}  # a launch given outright (the tuner's) wins over the record's
+        assert torch.equal(tri.pack(padded, lengths, launch=given), packed)
+        assert spies["pack_kernel"].launches[-1] == given
