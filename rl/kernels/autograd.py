@@ -34,8 +34,9 @@ class LossKernels:
 
     `logprobs_forward(logits, targets, temperature) -> (logprob [N], entropy [N], lse [N])`, fp32.
     `logprobs_backward(logits, targets, temperature, lse, entropy, grad_lp, grad_ent) -> grad logits [N, V]`.
-    `loss_forward(logits, targets, old, adv, ref | None, plan, temperature)
-        -> (token_loss [N], metrics [N, 6], grad logits [N, V])`, see reference.policy_terms.loss_terms.
+    `loss_forward(logits, targets, old | None, adv, ref | None, plan, temperature)
+        -> (token_loss [N], metrics [N, 6], grad logits [N, V])`, see reference.policy_terms.loss_terms; old None:
+        on-policy, the old logprobs are the kernel's own, detached (ratio exactly 1).
     """
 
     name: str
@@ -185,8 +186,6 @@ def kernel_chunk_loss(kernels: LossKernels) -> ChunkLoss:
 
     def chunk_loss(hidden_c, weight, targets_c, old_c, adv_c, ref_c, plan_c, temperature, need_grad):
         logits = (hidden_c @ weight.T).contiguous()
-        if old_c is None:  # on-policy: the old logprobs are this forward's own, detached (ratio exactly 1)
-            old_c = kernels.logprobs_forward(logits, targets_c, temperature)[0]
         token_loss, metrics, grad = kernels.loss_forward(logits, targets_c, old_c, adv_c, ref_c, plan_c, temperature)
         return token_loss.sum(), metrics.sum(0), grad
 

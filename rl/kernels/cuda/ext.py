@@ -155,6 +155,8 @@ def _loss_forward(logits, targets, old, adv, ref, plan, temperature):
     metrics = torch.zeros(n, 6, dtype=torch.float32, device=logits.device)
     grad = torch.empty_like(logits)
     has_ref = ref is not None
+    if old is None:  # on-policy: this forward's own logprobs, detached
+        old = _forward(logits, targets, temperature)[0]
     old, adv = _f32(old), _f32(adv)
     ref = _f32(ref) if has_ref else old
     weights = [_f32(w) for w in (plan.weight, plan.metric_weight, plan.token_weight)]

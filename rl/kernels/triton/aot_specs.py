@@ -118,6 +118,7 @@ def _fused(dtype: str, policy: str, code: int, kl: int, with_terms: bool) -> Ker
         USE_KL=with_terms,
         USE_ENT=with_terms,
         BLOCK_V=ROW_BLOCK,
+        ON_POLICY=False,
     )
 
 

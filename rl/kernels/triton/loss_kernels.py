@@ -1,6 +1,7 @@
 """Triton kernel of the fused GRPO/PPO loss: per row, one online pass for logprob/entropy, the per-token loss
 and its derivatives, then a second pass writing the row's d loss / d logits (the gradient comes out of the
-forward; the autograd backward only scales it)."""
+forward; the autograd backward only scales it). ON_POLICY: the old logprob is the row's own, detached (ratio
+exactly 1, and no separate logprob pass over the logits)."""
 
 import triton
 import triton.language as tl
@@ -36,12 +37,13 @@ def fused_loss_kernel(
     USE_KL: tl.constexpr,
     USE_ENT: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    ON_POLICY: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * stride
     target = tl.load(targets_ptr + row)
     lp, ent, lse = row_stats(row_ptr, target, vocab, inv_temp, BLOCK_V)
-    old = tl.load(old_ptr + row).to(tl.float32)
+    old = lp if ON_POLICY else tl.load(old_ptr + row).to(tl.float32)
     pg, d_lp, clip, lower = policy_token(
         lp, old, tl.load(adv_ptr + row).to(tl.float32), eps_low, eps_high, clip_c, POLICY
     )

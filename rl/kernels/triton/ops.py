@@ -115,12 +115,13 @@ def loss_forward(logits, targets, old, adv, ref, plan, temperature, *, launch: d
     grad = torch.empty_like(logits)
     if n:
         f32 = lambda t: t.to(torch.float32).contiguous()  # noqa: E731
+        unused = token_loss  # a pointer for the inputs the kernel does not read (no old logprobs, no reference)
         fused_loss_kernel[(n,)](
             logits,
             targets,
-            f32(old),
+            unused if old is None else f32(old),
             f32(adv),
-            f32(ref if ref is not None else old),
+            f32(ref) if ref is not None else unused,
             f32(plan.weight),
             f32(plan.metric_weight),
             f32(plan.token_weight),
@@ -140,6 +141,7 @@ def loss_forward(logits, targets, old, adv, ref, plan, temperature, *, launch: d
             HAS_REF=ref is not None,
             USE_KL=plan.use_kl,
             USE_ENT=plan.use_entropy,
+            ON_POLICY=old is None,
             **_launch("fused_loss", vocab, logits, launch),
         )
     return token_loss, metrics, grad

@@ -265,3 +265,30 @@ def test_every_recordable_packing_block_copies_exactly(tmp_path, monkeypatch):
         given = {**launch, "num_warps": 4}  # a launch given outright (the tuner's) wins over the record's
         assert torch.equal(tri.pack(padded, lengths, launch=given), packed)
         assert spies["pack_kernel"].launches[-1] == given
+
+
+def test_an_on_policy_chunk_takes_its_old_logprobs_from_its_own_row_pass(tmp_path, monkeypatch):
+    """Without old logprobs the fused loss kernel uses each row's own logprob, detached: no separate logprob pass
+    over a chunk's logits, and a ratio of exactly 1 (ppo_kl and the clip fraction exactly 0) even where the record
+    gives the logprob kernel another block than the loss kernel, whose sums would round differently."""
+    from rl.kernels import ops
+
+    spies = _spied_record(tmp_path, monkeypatch, {
+        "logprobs_fwd": {"65536": {"BLOCK_V": 1024, "num_warps": 4}},
+        "fused_loss": {"65536": {"BLOCK_V": 16384, "num_warps": 4}},
+    }, ["logprobs_fwd_kernel", "fused_loss_kernel"])
+    settings = SETTINGS["dual_clip-seq_mean-kl_k3-entropy"]
+    b = packed_batch(lengths=[30, 20], vocab=WIDE_VOCAB)
+    g = torch.Generator().manual_seed(5)
+    # logits of about unit spread: many terms in each softmax sum, so the two blocks' logprobs differ in the last
+    # bit on some rows (6 of these 50)
+    hidden, weight = torch.randn(50, 8, generator=g) * 0.3, torch.randn(WIDE_VOCAB, 8, generator=g)
+    normalizer = settings.normalizer(b.mask, seq_ids=b.seq_ids, num_sequences=b.num_sequences)
+    _, metrics = ops.chunked_policy_loss(
+        settings, hidden.requires_grad_(), weight, b.targets, None, b.adv, b.mask, normalizer, kernels="triton",
+        ref_logprobs=b.ref, seq_ids=b.seq_ids, num_sequences=b.num_sequences, chunk_size=32,
+    )
+    assert spies["logprobs_fwd_kernel"].launches == []
+    assert spies["fused_loss_kernel"].launches == [{"BLOCK_V": 16384, "num_warps": 4}] * 2  # chunks of 32 and 18
+    assert float(metrics["ppo_kl"]) == 0.0 and float(metrics["pg_clipfrac"]) == 0.0
+    assert float(metrics["pg_clipfrac_lower"]) == 0.0
