@@ -122,7 +122,9 @@ def test_the_cache_dir_comes_from_the_environment(monkeypatch, tmp_path):
 
 def test_two_processes_asking_at_once_pay_one_warm_up(tmp_path):
     """Two runs (or two test targets) started together: the second waits for the first's entry instead of warming up
-    beside it on the same cores. Each process's build records itself and takes a second, so that they overlap."""
+    beside it on the same cores. Each process marks its arrival at the cache (after its imports, whose time varies
+    under load); a build records itself and holds the entry until both have arrived and a second more, so that the
+    other process meets the lock whichever started first."""
     import subprocess
     import sys
     import textwrap
@@ -134,9 +136,14 @@ def test_two_processes_asking_at_once_pay_one_warm_up(tmp_path):
         from rl.tasks.embedded import cache
         from rl.tasks.embedded.prepare import Recipe
 
+        arrivals = Path({str(tmp_path / "arrivals")!r})
+
         def build(entry):
             with open({str(tmp_path / "builds")!r}, "a") as f:
                 f.write(str(os.getpid()) + "\\n")
+            deadline = time.monotonic() + 60
+            while len(list(arrivals.iterdir())) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
             time.sleep(1.0)
             staging = entry.with_name(entry.name + ".staging")
             staging.mkdir()
@@ -145,8 +152,10 @@ def test_two_processes_asking_at_once_pay_one_warm_up(tmp_path):
             (staging / cache.MARKER).write_text(json.dumps(marker))
             os.replace(staging, entry)
 
+        (arrivals / str(os.getpid())).touch()
         print(cache.cached_checkpoint(Recipe(seed=1), Path(sys.argv[1]), build, None))
     """)
+    (tmp_path / "arrivals").mkdir()
     runs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "cache")], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [run.communicate(timeout=120) for run in runs]
