@@ -281,7 +281,7 @@ def test_an_on_policy_chunk_takes_its_old_logprobs_from_its_own_row_pass(tmp_pat
     b = packed_batch(lengths=[30, 20], vocab=WIDE_VOCAB)
     g = torch.Generator().manual_seed(5)
     # logits of about unit spread: many terms in each softmax sum, so the two blocks' logprobs differ in the last
-    # bit on some rows (6 of these 50)
+    # bit on some rows (6 of these 50 here)
     hidden, weight = torch.randn(50, 8, generator=g) * 0.3, torch.randn(WIDE_VOCAB, 8, generator=g)
     normalizer = settings.normalizer(b.mask, seq_ids=b.seq_ids, num_sequences=b.num_sequences)
     _, metrics = ops.chunked_policy_loss(
