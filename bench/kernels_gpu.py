@@ -296,8 +296,17 @@ DRY_RUN = {"tokens": 256, "vocab": 512, "hidden": 64, "seq_len": 64}
 """The sizes of --dry_run (the Triton interpreter runs a program at a time)."""
 
 
-def main(argv=None) -> int:
+def start_dry_run(args, sizes: dict) -> None:
+    """Switches this process to a CPU dry run: the benchmark's tensors on the CPU, Triton interpreted, `sizes` set
+    on `args`."""
     global DEVICE
+    DEVICE = "cpu"
+    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels' modules are first imported
+    for key, value in sizes.items():
+        setattr(args, key, value)
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--vocab", type=int, default=32768)
@@ -311,10 +320,7 @@ def main(argv=None) -> int:
                         help="run every path on the CPU at a tiny size (Triton interpreted); figures not measured")
     args = parser.parse_args(argv)
     if args.dry_run:
-        DEVICE = "cpu"
-        os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels' modules are first imported, below
-        for key, value in DRY_RUN.items():
-            setattr(args, key, value)
+        start_dry_run(args, DRY_RUN)
         args.loss_shapes = f"{DRY_RUN['tokens']}x{DRY_RUN['vocab']}"
         print("dry run on the CPU: every path at a tiny size; the figures are not measurements")
     elif not torch.cuda.is_available():

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import sys
 import time
 
@@ -138,10 +137,7 @@ def main(argv=None) -> int:
                         help="run on the CPU at tiny sizes (Triton interpreted); figures not measured")
     args = parser.parse_args(argv)
     if args.dry_run:
-        kernels_gpu.DEVICE = "cpu"
-        os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels' modules are first imported, below
-        for key, value in DRY_RUN.items():
-            setattr(args, key, value)
+        kernels_gpu.start_dry_run(args, DRY_RUN)
         print("dry run on the CPU: tiny sizes, Triton interpreted; the figures are not measurements")
     elif not torch.cuda.is_available():
         print("bench/tune_kernels.py needs a CUDA GPU and none is visible (--dry_run checks that it runs on a CPU)")

@@ -67,10 +67,14 @@ def load(path: str) -> dict:
         kernels = entry.get("kernels") if isinstance(entry, dict) else None
         if not isinstance(kernels, dict):
             raise ValueError(f"{path}: {device!r} has no \"kernels\" object")
-        for kernel, sizes in kernels.items():
-            for size, launch_ in (sizes or {}).items():
-                _check_launch(f"{path}: {device!r} {kernel} at {size}", kernel, size, launch_)
+        _check_kernels(f"{path}: {device!r}", kernels)
     return data
+
+
+def _check_kernels(where: str, kernels: dict) -> None:
+    for kernel, sizes in kernels.items():
+        for size, launch_ in (sizes or {}).items():
+            _check_launch(f"{where} {kernel} at {size}", kernel, size, launch_)
 
 
 def _check_launch(where: str, kernel: str, size: str, recorded) -> None:
@@ -94,9 +98,7 @@ def save(path: str | Path, device: str, measured: dict, kernels: dict[str, dict[
     path = Path(path)
     data = json.loads((path if path.exists() else RECORD).read_text())
     data[device] = {"measured": measured, "kernels": kernels}
-    for kernel, sizes in kernels.items():
-        for size, launch_ in sizes.items():
-            _check_launch(f"{device!r} {kernel} at {size}", kernel, size, launch_)
+    _check_kernels(repr(device), kernels)
     text = json.dumps(data, indent=1, sort_keys=True) + "\n"  # a value a line, in one order: a re-tune's diff is small
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
         tmp.write(text)
