@@ -244,6 +244,15 @@ def test_every_recordable_row_block_matches_the_oracle(block, tmp_path, monkeypa
     _check_fused_loss(SETTINGS["dual_clip-seq_mean-kl_k3-entropy"], b)
     assert {name: spy.launches for name, spy in spies.items()} == {
         "logprobs_fwd_kernel": [launch], "logprobs_bwd_kernel": [launch], "fused_loss_kernel": [launch]}
+    # a launch given outright (the tuner's) wins over the record's; the loss also runs without a reference
+    given = {"BLOCK_V": block, "num_warps": 4}
+    lp, ent, lse = tri.logprobs_forward(b.logits, b.targets, 1.0, launch=given)
+    tri.logprobs_backward(b.logits, b.targets, 1.0, lse, ent, torch.ones_like(lp), torch.ones_like(lp), launch=given)
+    settings = SETTINGS["regular-token_mean"]
+    normalizer = settings.normalizer(b.mask, seq_ids=b.seq_ids, num_sequences=b.num_sequences)
+    plan = plan_loss(settings, normalizer, b.mask, b.seq_ids, b.num_sequences)
+    tri.loss_forward(b.logits, b.targets, b.old, b.adv, None, plan, 1.0, launch=given)
+    assert [spy.launches[-1] for spy in spies.values()] == [given] * 3
 
 
 def test_every_recordable_packing_block_copies_exactly(tmp_path, monkeypatch):
@@ -264,7 +273,8 @@ def test_every_recordable_packing_block_copies_exactly(tmp_path, monkeypatch):
         assert [spy.launches for spy in spies.values()] == [[launch], [launch]]
         given = {**launch, "num_warps": 4}  # a launch given outright (the tuner's) wins over the record's
         assert torch.equal(tri.pack(padded, lengths, launch=given), packed)
-        assert spies["pack_kernel"].launches[-1] == given
+        assert torch.equal(tri.unpack(packed, lengths, 150, 7, launch=given), ref_ops.unpack(packed, lengths, 150, 7))
+        assert [spy.launches[-1] for spy in spies.values()] == [given, given]
 
 
 def test_an_on_policy_chunk_takes_its_old_logprobs_from_its_own_row_pass(tmp_path, monkeypatch):
